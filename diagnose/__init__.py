@@ -1,0 +1,1 @@
+"""Hang diagnosis for TP x PP serving: probes, launcher, collector, analysis."""

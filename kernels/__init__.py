@@ -1,0 +1,1 @@
+"""Triton kernels for the engine, GPU progress markers and fault kernels."""
