@@ -1,0 +1,75 @@
+"""Sampler: greedy, top-k, top-p, and seeded sampling independent of the batch."""
+import pytest
+import torch
+
+from engine.sampler import Sampler
+from engine.scheduler_output import ScheduledRequest
+
+VOCAB = 50
+
+
+def make_request(temperature=1.0, top_k=0, top_p=1.0, seed=None, num_output_tokens=0):
+    return ScheduledRequest(req_id="r", token_ids=[1], start_pos=0, block_ids=[1], sample=True,
+                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            num_output_tokens=num_output_tokens)
+
+
+def random_logits(rows, seed=0):
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy():
+    logits = random_logits(4)
+    argmax = logits.argmax(dim=-1).tolist()
+    sampler = Sampler(seed=0)
+    assert sampler.sample(logits, [make_request(temperature=0)] * 4) == argmax
+    assert sampler.sample(logits, [make_request(top_k=1)] * 4) == argmax
+    mixed = [make_request(temperature=0), make_request(temperature=2.0), make_request(temperature=0),
+             make_request(top_k=1, temperature=5.0)]
+    tokens = sampler.sample(logits, mixed)
+    assert [tokens[0], tokens[2], tokens[3]] == [argmax[0], argmax[2], argmax[3]]
+
+
+def test_seeded_requests_repeat_and_do_not_depend_on_the_batch():
+    logits = random_logits(3)
+
+    def seeded_run(sampler_seed, batch_of_three):
+        sampler, tokens = Sampler(seed=sampler_seed), []
+        for n in range(10):
+            seeded = make_request(seed=7, num_output_tokens=n)
+            if batch_of_three:
+                tokens.append(sampler.sample(logits, [make_request(), seeded, make_request(top_p=0.5)])[1])
+            else:
+                tokens.append(sampler.sample(logits[1:2], [seeded])[0])
+        return tokens
+
+    alone = seeded_run(0, batch_of_three=False)
+    assert seeded_run(1, batch_of_three=False) == alone     # the sampler's own seed does not matter
+    assert seeded_run(3, batch_of_three=True) == alone
+    assert len(set(alone)) > 1                               # each position draws afresh
+
+
+def test_unseeded_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1] + [1e-9] * (VOCAB - 3)]))
+    sampler = Sampler(seed=0)
+    counts = torch.bincount(torch.tensor([sampler.sample(logits, [make_request()])[0] for _ in range(2000)]),
+                            minlength=VOCAB)
+    assert counts[3:].sum() == 0
+    assert abs(counts[0] / 2000 - 0.7) < 0.05 and abs(counts[1] / 2000 - 0.2) < 0.05
+
+
+def test_top_p_and_top_k_keep_only_the_head_of_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05] + [0.0] * (VOCAB - 4))
+    logits = torch.log(probs.clamp(min=1e-12)).expand(300, VOCAB)
+    sampler = Sampler(seed=0)
+    top_p = sampler.sample(logits, [make_request(top_p=0.75)] * 300)
+    assert set(top_p) == {0, 1}                    # 0.5 + 0.3 reaches 0.75
+    top_k = sampler.sample(logits, [make_request(top_k=3)] * 300)
+    assert set(top_k) == {0, 1, 2}
+    both = sampler.sample(logits, [make_request(top_k=3, top_p=0.6)] * 300)
+    assert set(both) == {0, 1}
+
+
+def test_mismatched_rows_are_a_clear_error():
+    with pytest.raises(ValueError, match="for 1 requests"):
+        Sampler(seed=0).sample(random_logits(2), [make_request()])
