@@ -17,7 +17,6 @@ import pickle
 import struct
 import time
 from multiprocessing import shared_memory
-from multiprocessing import resource_tracker
 from typing import Callable
 
 _WORD = struct.Struct("<Q")
@@ -64,10 +63,9 @@ class ShmRing:
     @classmethod
     def attach(cls, handle: tuple) -> "ShmRing":
         name, n_readers, n_slots, slot_bytes = handle
+        # Readers are spawned by the writer and share its resource tracker, so
+        # attaching registers nothing new and only the writer unlinks the segment.
         shm = shared_memory.SharedMemory(name=name)
-        # Attaching registers the segment with this process's resource tracker,
-        # which would unlink it when the reader exits; only the writer owns it.
-        resource_tracker.unregister(shm._name, "shared_memory")
         return cls(shm, n_readers, n_slots, slot_bytes, owner=False)
 
     # -- counters ---------------------------------------------------------

@@ -1,0 +1,114 @@
+"""EngineCore.step(): schedule -> execute_model -> update_from_output.
+
+With pipeline parallelism the core keeps up to `batch_queue_size` batches in
+flight (as vLLM's batch queue does), so that every stage has work.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from diagnose import probe
+from engine.config import EngineConfig
+from engine.executor import Executor
+from engine.model_config import ModelConfig
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
+
+CPU_KV_CACHE_BYTES = 1 << 30
+GPU_FREE_MEMORY_SHARE = 0.85
+
+
+def resolve_device(config: EngineConfig) -> tuple[str, torch.dtype]:
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.dtype != "auto":
+        return device, getattr(torch, config.dtype)
+    return device, torch.bfloat16 if device == "cuda" else torch.float32
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int):
+        probe.init("driver")
+        device, dtype = resolve_device(config)
+        self.config = config
+        self.executor = Executor(config, device, dtype)
+        try:
+            num_blocks = self._init_kv_cache(max_model_len)
+            self.executor.collective_rpc("warmup")
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.num_blocks = num_blocks
+        self.scheduler = Scheduler(config, num_blocks, max_model_len)
+        self.in_flight: deque[SchedulerOutput] = deque()
+
+    def _init_kv_cache(self, max_model_len: int) -> int:
+        config = self.config
+        per_block = max(self.executor.collective_rpc("kv_bytes_per_block"))
+        if config.num_gpu_blocks_override:
+            num_blocks = config.num_gpu_blocks_override
+        else:
+            free = [f for f in self.executor.collective_rpc("free_memory_bytes") if f is not None]
+            budget = config.kv_cache_memory_bytes or (
+                int(min(free) * GPU_FREE_MEMORY_SHARE) if free else CPU_KV_CACHE_BYTES)
+            enough = config.max_num_seqs * math.ceil(max_model_len / config.block_size) + 1
+            num_blocks = min(budget // per_block, enough)
+        if num_blocks < 2:
+            raise ValueError(f"the KV cache budget holds only {num_blocks} blocks; "
+                             "raise --kv-cache-memory-bytes or --num-gpu-blocks-override")
+        self.executor.collective_rpc("init_kv_cache", (num_blocks,))
+        return num_blocks
+
+    def step(self):
+        """One engine step; returns the per-request outputs it produced."""
+        if self.config.batch_queue_size == 1:
+            return self._step_in_order()
+        return self._step_with_batch_queue()
+
+    def _schedule(self) -> SchedulerOutput | None:
+        with probe.phase("schedule", step=self.scheduler.next_step):
+            out = self.scheduler.schedule()
+        return out if out.requests else None
+
+    def _finish(self, out: SchedulerOutput, result):
+        with probe.phase("update_from_output", step=out.step):
+            return self.scheduler.update_from_output(out, result)
+
+    def _step_in_order(self):
+        out = self._schedule()
+        if out is None:
+            return []
+        with probe.phase("execute_model", step=out.step):
+            result = self.executor.execute_model(out)
+        return self._finish(out, result)
+
+    def _step_with_batch_queue(self):
+        if len(self.in_flight) < self.config.batch_queue_size:
+            out = self._schedule()
+            if out is not None:
+                self.executor.submit("execute_model", (out,), self.executor.output_rank)
+                self.in_flight.append(out)
+                if len(self.in_flight) < self.config.batch_queue_size:
+                    return []
+        if not self.in_flight:
+            return []
+        out = self.in_flight.popleft()
+        with probe.phase("execute_model", step=out.step):
+            result = self.executor.wait_reply(self.executor.output_rank)
+        return self._finish(out, result)
+
+    def add_request(self, request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, req_ids) -> None:
+        self.scheduler.abort_requests(req_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self.in_flight)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

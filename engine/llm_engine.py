@@ -1,0 +1,115 @@
+"""LLMEngine: tokenizer + EngineCore + the detokenizer that applies stop strings."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+from engine.engine_core import EngineCore
+from engine.loader import resolve_model
+from engine.model_config import check_parallel
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class RequestOutput:
+    req_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Detokenizer:
+    output: RequestOutput
+    params: SamplingParams
+    sent_chars: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        source = resolve_model(config.model, config.load_format)
+        check_parallel(source.model_config, config.tensor_parallel_size,
+                       config.pipeline_parallel_size)
+        self.config = config
+        self.model_config = source.model_config
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN,
+                                 source.model_config.max_position_embeddings)
+        self.tokenizer = source.tokenizer()
+        self.core = EngineCore(config, source.model_config, self.max_model_len)
+        self._detok: dict[str, _Detokenizer] = {}
+        self._ids = itertools.count()
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    req_id: str | None = None) -> str:
+        """Queue a request; raises ValueError with a one-line message for bad input."""
+        params.validate()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens; the context holds "
+                             f"{self.max_model_len} (--max-model-len)")
+        req_id = req_id or f"req-{next(self._ids)}"
+        self.core.add_request(Request(req_id, token_ids, params, self.tokenizer.eos_token_ids))
+        self._detok[req_id] = _Detokenizer(RequestOutput(req_id, token_ids), params)
+        return req_id
+
+    def abort_request(self, req_id: str) -> None:
+        if self._detok.pop(req_id, None) is not None:
+            self.core.abort_requests([req_id])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        outputs = []
+        for core_output in self.core.step():
+            state = self._detok.get(core_output.req_id)
+            if state is None:
+                continue  # aborted while its batch was in flight
+            self._update(state, core_output)
+            if state.output.finished:
+                del self._detok[core_output.req_id]
+            outputs.append(state.output)
+        return outputs
+
+    def _update(self, state: _Detokenizer, core_output) -> None:
+        out = state.output
+        out.new_token_ids = list(core_output.new_token_ids)
+        out.token_ids.extend(out.new_token_ids)
+        out.finished, out.finish_reason = core_output.finished, core_output.finish_reason
+        text = self.tokenizer.decode(out.token_ids)
+        stop_at = _first_stop(text, state.params.stop)
+        if stop_at is not None:
+            text = text[:stop_at]
+            if not out.finished:
+                self.core.abort_requests([out.req_id])
+            out.finished, out.finish_reason = True, "stop"
+        out.text = text
+        ready = len(text) if out.finished else _releasable(text, state.params.stop)
+        out.new_text = text[state.sent_chars:ready]
+        state.sent_chars = max(state.sent_chars, ready)
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
+
+def _releasable(text: str, stops: list[str]) -> int:
+    """How much of unfinished text may be streamed: hold back a possible start of a
+    stop string, and a multi-byte character still being decoded."""
+    end = len(text) - max((len(s) - 1 for s in stops), default=0)
+    if text.endswith("\ufffd"):
+        end = min(end, len(text) - 1)
+    return max(end, 0)
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None

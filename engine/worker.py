@@ -1,0 +1,125 @@
+"""A worker process: start-up phases, then the busy loop dequeue -> method -> reply."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from diagnose import probe
+from engine.communicator import Communicator, Layout
+from engine.config import EngineConfig
+from engine.loader import resolve_model
+from engine.model_runner import ModelRunner
+from engine.shm_ring import RingClosed, ShmRing
+
+
+@dataclass
+class WorkerArgs:
+    config: EngineConfig
+    rank: int
+    init_method: str
+    ring_handle: tuple
+    device: str          # "cpu" or "cuda"
+    dtype: torch.dtype
+    parent_pid: int
+
+
+class Worker:
+    """The methods collective_rpc can call."""
+
+    def __init__(self, args: WorkerArgs):
+        config = args.config
+        layout = Layout(config.tensor_parallel_size, config.pipeline_parallel_size)
+        self.device = _pick_device(args)
+        # The probe comes first: it applies per-rank settings such as
+        # CUDA_LAUNCH_BLOCKING, which must be in place before CUDA starts.
+        probe.init("worker", rank=args.rank, world_size=layout.world_size,
+                   tp_rank=args.rank % layout.tp_size, tp_size=layout.tp_size,
+                   pp_rank=args.rank // layout.tp_size, pp_size=layout.pp_size,
+                   device=str(self.device), groups=layout.groups())
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        with probe.phase("init_distributed"):
+            self.comm = Communicator(layout, args.rank, args.init_method, backend)
+        with probe.phase("load_weights"):
+            source = resolve_model(config.model, config.load_format)
+            self.runner = ModelRunner(source, self.comm, args.dtype, self.device,
+                                      config.block_size, config.seed)
+
+    def kv_bytes_per_block(self) -> int:
+        return self.runner.kv_bytes_per_block()
+
+    def free_memory_bytes(self) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        with probe.phase("init_kv_cache"):
+            self.runner.init_kv_cache(num_blocks)
+
+    def warmup(self) -> None:
+        with probe.phase("warmup"):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+
+    def execute_model(self, scheduler_output):
+        with probe.phase("execute_model", step=scheduler_output.step):
+            return self.runner.execute_model(scheduler_output)
+
+
+def _pick_device(args: WorkerArgs) -> torch.device:
+    if args.device == "cuda":
+        return torch.device("cuda", args.rank % torch.cuda.device_count())
+    # Ranks share the machine's cores: more threads each only contend.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.config.world_size))
+    return torch.device("cpu")
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive the driver, however the driver ended."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def worker_main(args: WorkerArgs, reply_conn) -> None:
+    threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
+    ring = ShmRing.attach(args.ring_handle)
+    try:
+        worker = Worker(args)
+        try:
+            _busy_loop(worker, ring, args.rank, reply_conn)
+        finally:
+            worker.comm.close()
+    except RingClosed:
+        pass
+    except Exception:
+        print(f"[rank {args.rank}] worker failed:\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        sys.exit(1)
+    finally:
+        ring.release()
+
+
+def _busy_loop(worker: Worker, ring: ShmRing, rank: int, reply_conn) -> None:
+    """The dequeue phase's step is the engine step the rank expects next."""
+    messages, next_step = 0, 0
+    while True:
+        with probe.phase("dequeue", step=next_step):
+            method, args, output_rank = ring.dequeue(rank)
+        messages += 1
+        probe.ring_read(messages)
+        result = getattr(worker, method)(*args)
+        if method == "execute_model":
+            next_step = args[0].step + 1
+        if output_rank is None or output_rank == rank:
+            reply_conn.send(result)
