@@ -1,0 +1,239 @@
+"""The Triton kernels against the engine's torch reference, on fresh random inputs.
+
+With a GPU the kernels are compiled and run at full sizes; without one they run in
+Triton's interpreter on CPU tensors at small sizes. The reference always runs in
+float32 on CPU copies of the same inputs.
+"""
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    if any(name.startswith("kernels.") for name in sys.modules):
+        raise RuntimeError("kernels.* was imported before TRITON_INTERPRET=1 was set; "
+                           "set it in tests/conftest.py")
+    os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit runs, i.e. when kernels.* is imported
+
+import dataclasses
+import itertools
+
+import pytest
+
+from engine import attention as ref_attention
+from engine import layers as ref_layers
+from engine.attention import AttentionMetadata
+from kernels.activation import silu_and_mul
+from kernels.attention import paged_attention
+from kernels.kv_cache import write_kv
+from kernels.norm import rms_norm
+from kernels.rotary import apply_rotary
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+DTYPES = [pytest.param(dtype, id=str(dtype).removeprefix("torch.")) for dtype in TOLERANCE]
+
+
+@dataclasses.dataclass
+class Sizes:
+    kv_heads: int        # KV heads per test (query heads = kv_heads * GQA ratio)
+    max_context: int     # longest cached prefix in an attention batch
+    num_decodes: int
+    tokens: int          # rows for the elementwise kernels
+    hidden: int
+
+
+SIZES = (Sizes(kv_heads=4, max_context=2000, num_decodes=32, tokens=4096, hidden=4096)
+         if DEVICE == "cuda" else Sizes(kv_heads=1, max_context=70, num_decodes=3, tokens=5, hidden=96))
+
+
+@pytest.fixture
+def gen():
+    """A freshly seeded generator; the seed is printed, so a failure shows it."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=DEVICE)
+
+
+def randint(low, high, gen) -> int:
+    return int(torch.randint(low, high, (1,), generator=gen))
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype):
+    """Max error relative to the reference's largest magnitude."""
+    error = (out.cpu().float() - ref.float()).abs().max() / ref.float().abs().max()
+    assert error <= TOLERANCE[dtype], f"relative error {error:.2e} > {TOLERANCE[dtype]:.0e} ({dtype})"
+
+
+def build_metadata(context_lens, query_lens, block_size, gen):
+    """Block tables over shuffled physical blocks (block 0 included, one block left unowned),
+    and the cache slot of every position of every request."""
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    blocks_needed = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_needed) + 1
+    physical = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.zeros(len(seq_lens), max(blocks_needed), dtype=torch.int32)
+    owned = list(itertools.accumulate(blocks_needed, initial=0))
+    for b, n in enumerate(blocks_needed):
+        block_tables[b, :n] = physical[owned[b]:owned[b] + n]
+    slots = []
+    for b, seq_len in enumerate(seq_lens):
+        positions = torch.arange(seq_len)
+        slots.append(block_tables[b, positions // block_size].long() * block_size + positions % block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat([s[c:] for s, c in zip(slots, context_lens)]),
+        query_start_loc=torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=block_tables,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )
+    return meta, torch.cat(slots), num_blocks
+
+
+def mixed_batch(block_size, gen):
+    """(context_lens, query_lens): prefill chunks that start and end on and off block edges,
+    with and without a cached prefix, then decodes."""
+    bs, longest = block_size, SIZES.max_context
+    chunks = [
+        (0, 1),                                                   # a one-token prompt
+        (0, bs + randint(1, bs, gen)),                            # first chunk, ends mid-block
+        (bs, bs),                                                 # starts and ends on block edges
+        (bs + randint(1, bs, gen), 2 * bs),                       # starts mid-block
+        (randint(1, longest, gen), randint(2, longest // 2, gen)),  # anywhere
+    ]
+    decodes = [(bs - 1, 1), (2 * bs, 1)] + [(randint(1, longest, gen), 1) for _ in range(SIZES.num_decodes)]
+    context_lens, query_lens = zip(*(chunks + decodes))
+    return list(context_lens), list(query_lens)
+
+
+def decode_batch(block_size, gen):
+    context_lens = [block_size - 1, block_size] + [randint(1, SIZES.max_context, gen)
+                                                   for _ in range(SIZES.num_decodes)]
+    return context_lens, [1] * len(context_lens)
+
+
+def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen):
+    meta, all_slots, num_blocks = build_metadata(context_lens, query_lens, block_size, gen)
+    num_positions = all_slots.shape[0]
+    k = randn(num_positions, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    v = randn(num_positions, num_kv_heads, head_dim, dtype=dtype, gen=gen)
+    q = randn(meta.slot_mapping.shape[0], num_heads, head_dim, dtype=dtype, gen=gen)
+
+    # Unwritten slots hold NaN: reading one would poison the output.
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEVICE)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEVICE)
+    write_kv(k, v, k_cache, v_cache, all_slots.to(DEVICE))
+    ref_k_cache = torch.full(cache_shape, float("nan"))
+    ref_v_cache = torch.full(cache_shape, float("nan"))
+    ref_attention.write_kv(k.cpu().float(), v.cpu().float(), ref_k_cache, ref_v_cache, all_slots)
+    torch.testing.assert_close(k_cache.cpu().float(), ref_k_cache, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache.cpu().float(), ref_v_cache, rtol=0, atol=0, equal_nan=True)
+
+    device_meta = dataclasses.replace(
+        meta, **{f: getattr(meta, f).to(DEVICE) for f in
+                 ("slot_mapping", "query_start_loc", "seq_lens", "block_tables")})
+    scale = head_dim ** -0.5
+    out = paged_attention(q, k_cache, v_cache, device_meta, scale)
+    ref = ref_attention.paged_attention(q.cpu().float(), ref_k_cache, ref_v_cache, meta, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_attention_mixed_batch(dtype, gqa, head_dim, block_size, gen):
+    context_lens, query_lens = mixed_batch(block_size, gen)
+    kv_heads = SIZES.kv_heads if gqa > 1 else 2 * SIZES.kv_heads
+    check_attention(context_lens, query_lens, kv_heads * gqa, kv_heads, head_dim, block_size, dtype, gen)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+def test_paged_attention_decode_only(dtype, gqa, gen):
+    context_lens, query_lens = decode_batch(16, gen)
+    check_attention(context_lens, query_lens, SIZES.kv_heads * gqa, SIZES.kv_heads, 128, 16, dtype, gen)
+
+
+@pytest.mark.parametrize("head_dim, block_size, gqa", [(16, 16, 2), (80, 8, 3), (96, 24, 1)])
+def test_paged_attention_odd_shapes(head_dim, block_size, gqa, gen):
+    """tiny-llama's head_dim 16, head dims and block sizes off powers of two, a GQA ratio of 3."""
+    context_lens, query_lens = mixed_batch(block_size, gen)
+    check_attention(context_lens, query_lens, 2 * gqa, 2, head_dim, block_size, torch.float32, gen)
+
+
+def test_paged_attention_rejects_heads_not_a_multiple_of_kv_heads():
+    meta, _, _ = build_metadata([0], [4], 16, torch.Generator().manual_seed(0))
+    cache = torch.zeros(2, 16, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        paged_attention(torch.zeros(4, 3, 64, device=DEVICE), cache, cache, meta, 0.125)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_from_qkv_views(dtype, gen):
+    """k and v as the engine makes them: strided views into one fused qkv projection."""
+    num_tokens, num_heads, num_kv_heads, head_dim, block_size = SIZES.tokens, 4, 2, 64, 16
+    num_blocks = -(-num_tokens // block_size) + 2
+    qkv = randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, gen=gen)
+    _, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    k, v = k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [torch.zeros(cache_shape, dtype=dtype, device=DEVICE) for _ in range(2)]
+    ref_caches = [torch.zeros(cache_shape, dtype=dtype) for _ in range(2)]
+    write_kv(k, v, *caches, slots.to(DEVICE))
+    ref_attention.write_kv(k.cpu(), v.cpu(), *ref_caches, slots)
+    for cache, ref_cache in zip(caches, ref_caches):
+        assert torch.equal(cache.cpu(), ref_cache)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("hidden", [SIZES.hidden, 100])
+def test_rms_norm(dtype, with_residual, hidden, gen):
+    x = randn(SIZES.tokens, hidden, dtype=dtype, gen=gen)
+    weight = randn(hidden, dtype=dtype, gen=gen)
+    residual = randn(SIZES.tokens, hidden, dtype=dtype, gen=gen) if with_residual else None
+    out = rms_norm(x, weight, 1e-6, residual)
+    ref = ref_layers.rms_norm(x.cpu().float(), weight.cpu().float(), 1e-6,
+                              residual.cpu().float() if with_residual else None)
+    if with_residual:
+        (out, new_residual), (ref, ref_residual) = out, ref
+        assert_close(new_residual, ref_residual, dtype)
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_apply_rotary_on_qkv_views(dtype, head_dim, gen):
+    num_heads, num_kv_heads, max_positions = 4, 2, 4096
+    qkv = randn(SIZES.tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, gen=gen)
+    q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k = q.view(-1, num_heads, head_dim), k.view(-1, num_kv_heads, head_dim)
+    positions = torch.randint(0, max_positions, (SIZES.tokens,), generator=gen)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 1024}
+    cos_sin_cache = ref_layers.rope_cos_sin_cache(head_dim, max_positions, 500000.0, scaling)
+    q_out, k_out = apply_rotary(q, k, positions.to(DEVICE), cos_sin_cache.to(DEVICE))
+    q_ref, k_ref = ref_layers.apply_rotary(q.cpu().float(), k.cpu().float(), positions, cos_sin_cache)
+    assert q_out.dtype == k_out.dtype == dtype
+    assert_close(q_out, q_ref, dtype)
+    assert_close(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [2 * SIZES.hidden, 2 * 1500])
+def test_silu_and_mul(dtype, width, gen):
+    """The second width is not a multiple of the kernel's column tile."""
+    x = randn(SIZES.tokens, width, dtype=dtype, gen=gen)
+    out = silu_and_mul(x)
+    assert out.shape == (SIZES.tokens, width // 2) and out.dtype == dtype
+    assert_close(out, ref_layers.silu_and_mul(x.cpu().float()), dtype)
