@@ -1,0 +1,171 @@
+"""Fault injection for tests and demos: DIAG_FAULT="rank=R,at=PHASE[,step=N],kind=K;...".
+
+A fault fires once, just before its rank enters phase `at`: the first time, or
+the first time with step argument N. Kinds:
+
+  hang             block forever (the heartbeat thread keeps beating)
+  sleep:SECONDS    block that long, then go on (a straggler)
+  crash            SIGKILL self
+  exit:CODE        exit at once with CODE, no clean-up
+  skip_collective  the next traced collective is not made and takes no sequence number
+  skip_broadcast   enter the phase (use at=dequeue) and block there, never reading
+                   the broadcast ring: the rank stops consuming the driver's messages
+
+`rank` is a rank number, or `driver` for the driver process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from diagnose.snapshot import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES
+
+ENV_VAR = "DIAG_FAULT"
+KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast")
+KNOWN_PHASES = tuple(dict.fromkeys(STARTUP_PHASES + STEP_PHASES + DRIVER_PHASES))
+FORMAT = "rank=R,at=PHASE[,step=N],kind=K"
+
+
+class FaultSpecError(ValueError):
+    """A fault spec that cannot be parsed; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    rank: int | None          # None: the driver
+    at: str
+    kind: str
+    step: int | None = None
+    arg: float | None = None  # sleep: seconds, exit: the exit code
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        fields = _fields(text)
+        missing = [key for key in ("rank", "at", "kind") if key not in fields]
+        if missing:
+            raise FaultSpecError(f"fault spec {text!r}: missing {', '.join(missing)} "
+                                 f"(expected {FORMAT})")
+        kind, arg = _kind(text, fields["kind"])
+        return cls(rank=_rank(text, fields["rank"]), at=_phase(text, fields["at"]),
+                   kind=kind, step=_step(text, fields.get("step")), arg=arg)
+
+    def __str__(self) -> str:
+        rank = "driver" if self.rank is None else str(self.rank)
+        step = "" if self.step is None else f",step={self.step}"
+        kind = self.kind
+        if self.kind == "sleep":
+            kind = f"sleep:{self.arg:g}"
+        elif self.kind == "exit":
+            kind = f"exit:{int(self.arg)}"
+        return f"rank={rank},at={self.at}{step},kind={kind}"
+
+
+def parse_faults(text: str) -> list[FaultSpec]:
+    """Several specs separated by ';' (empty parts are ignored)."""
+    return [FaultSpec.parse(part) for part in text.split(";") if part.strip()]
+
+
+def _fields(text: str) -> dict[str, str]:
+    fields = {}
+    for item in text.strip().split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise FaultSpecError(f"fault spec {text!r}: {item.strip()!r} is not key=value "
+                                 f"(expected {FORMAT})")
+        if key not in ("rank", "at", "step", "kind"):
+            raise FaultSpecError(f"fault spec {text!r}: unknown key {key!r} (expected {FORMAT})")
+        if key in fields:
+            raise FaultSpecError(f"fault spec {text!r}: {key} given twice")
+        fields[key] = value
+    return fields
+
+
+def _rank(text: str, value: str) -> int | None:
+    if value == "driver":
+        return None
+    if not value.isdigit():
+        raise FaultSpecError(f"fault spec {text!r}: rank must be a number >= 0 or 'driver', "
+                             f"not {value!r}")
+    return int(value)
+
+
+def _phase(text: str, value: str) -> str:
+    if value not in KNOWN_PHASES:
+        raise FaultSpecError(f"fault spec {text!r}: unknown phase {value!r} "
+                             f"(known: {', '.join(KNOWN_PHASES)})")
+    return value
+
+
+def _step(text: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise FaultSpecError(f"fault spec {text!r}: step must be a number >= 0, not {value!r}")
+    return int(value)
+
+
+def _kind(text: str, value: str) -> tuple[str, float | None]:
+    kind, _, arg = value.partition(":")
+    if kind not in KINDS:
+        raise FaultSpecError(f"fault spec {text!r}: unknown kind {kind!r} "
+                             f"(known: hang, sleep:SECONDS, crash, exit:CODE, "
+                             f"skip_collective, skip_broadcast)")
+    if kind == "sleep":
+        try:
+            seconds = float(arg)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            raise FaultSpecError(f"fault spec {text!r}: sleep needs seconds > 0, "
+                                 f"as in kind=sleep:2.5")
+        return kind, seconds
+    if kind == "exit":
+        if not arg.isdigit() or int(arg) > 255:
+            raise FaultSpecError(f"fault spec {text!r}: exit needs a code 0..255, "
+                                 f"as in kind=exit:3")
+        return kind, int(arg)
+    if arg:
+        raise FaultSpecError(f"fault spec {text!r}: kind {kind} takes no argument")
+    return kind, None
+
+
+class FaultPlan:
+    """The faults armed in one process, and the phase entry each fires at."""
+
+    def __init__(self, specs: list[FaultSpec]):
+        self.armed: dict[str, list[FaultSpec]] = {}
+        for spec in specs:
+            self.armed.setdefault(spec.at, []).append(spec)
+
+    def due(self, phase: str, step: int | None) -> FaultSpec | None:
+        """The fault to fire on this entry of `phase`, now disarmed; None if none."""
+        specs = self.armed.get(phase)
+        if not specs:
+            return None
+        for spec in specs:
+            if spec.step is None or spec.step == step:
+                specs.remove(spec)
+                if not specs:
+                    del self.armed[phase]
+                return spec
+        return None
+
+
+def inflict(spec: FaultSpec) -> None:
+    """Acts out the kinds that need no help from the probe."""
+    if spec.kind == "hang":
+        block_forever()
+    elif spec.kind == "sleep":
+        time.sleep(spec.arg)
+    elif spec.kind == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif spec.kind == "exit":
+        os._exit(int(spec.arg))
+
+
+def block_forever() -> None:
+    while True:
+        time.sleep(1.0)

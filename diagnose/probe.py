@@ -1,0 +1,279 @@
+"""The probe inside every rank: identity, phases, collectives and a heartbeat,
+published to the rank's file in the run dir (docs/run-dir.md).
+
+Off unless DIAG_RUN_DIR is set when `init` runs; then every call below costs one
+global check. When on, the process that calls `init` writes `rank-{R}.probe`
+(the driver: `driver.probe`). Phases and collectives are meant to be entered by
+one thread (the engine loop); the heartbeat thread reports that thread's frame
+and writes `stacks-{R}.json` when the collector asks for a dump.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from diagnose import faults, rank_env, runfile, stacks
+
+RUN_DIR_VAR = "DIAG_RUN_DIR"
+HEARTBEAT_S = 0.1
+TRACED_ENV = ("CUDA_LAUNCH_BLOCKING",)
+COMMUNICATOR_FILE = os.path.join("engine", "communicator.py")
+DIAGNOSE_DIR = os.path.dirname(__file__) + os.sep
+
+
+class _Off:
+    """What phase() and collective() return while the probe is off."""
+    skip = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_OFF = _Off()
+_probe: _Probe | None = None
+
+
+def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
+         pp_rank=None, pp_size=None, device="cpu", groups=None):
+    """role "worker" or "process" needs a rank (for "process", RANK from the
+    environment will do); "driver" has none. A second call is ignored."""
+    global _probe
+    run_dir = os.environ.get(RUN_DIR_VAR)
+    if not run_dir or _probe is not None:
+        return
+    if role != "driver" and rank is None:
+        if "RANK" not in os.environ:
+            raise ValueError(f"probe.init(role={role!r}) needs a rank (or RANK in the environment)")
+        rank = int(os.environ["RANK"])
+    rank_env.apply(run_dir, None if role == "driver" else rank)
+    identity = {
+        "role": role, "rank": None if role == "driver" else rank, "world_size": world_size,
+        "tp_rank": tp_rank, "tp_size": tp_size, "pp_rank": pp_rank, "pp_size": pp_size,
+        "host": socket.gethostname(), "pid": os.getpid(), "device": str(device),
+        "env": {key: value for key, value in os.environ.items()
+                if key in TRACED_ENV or key.startswith("NCCL_")},
+        "groups": groups or {},
+    }
+    _probe = _Probe(run_dir, identity)
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _forget():
+    """A forked child must not write into its parent's file; it may init its own."""
+    global _probe
+    _probe = None
+
+
+def phase(name, step=None):
+    probe = _probe
+    if probe is None:
+        return _OFF
+    return _Phase(probe, name, step)
+
+
+def collective(group, op, tensors, peer=None):
+    """Use only as `with probe.collective(...) as record`: the record is made here."""
+    probe = _probe
+    if probe is None:
+        return _OFF
+    return probe.begin_collective(group, op, tensors, peer, sys._getframe(1))
+
+
+def kv_stats(step, used, free, allocated, freed, preempted):
+    if _probe is not None:
+        _probe.file.kv_stats(step, used, free, allocated, freed, preempted)
+
+
+def ring_state(written):
+    if _probe is not None:
+        _probe.file.ring_written(written)
+
+
+def ring_read(count):
+    if _probe is not None:
+        _probe.file.ring_read(count)
+
+
+def worker_exit(rank, exitcode):
+    if _probe is not None:
+        _probe.file.worker_exit(rank, exitcode, time.time())
+
+
+class _Phase:
+    __slots__ = ("probe", "name", "step", "event")
+
+    def __init__(self, probe, name, step):
+        self.probe = probe
+        self.name = name
+        self.step = step
+
+    def __enter__(self):
+        self.event = self.probe.enter_phase(self.name, self.step)
+        return self
+
+    def __exit__(self, *exc):
+        self.probe.exit_phase(self.event)
+        return False
+
+
+class _Traced:
+    """A traced collective's record; the communicator makes the call when skip is False."""
+    __slots__ = ("file", "event")
+    skip = False
+
+    def __init__(self, file, event):
+        self.file = file
+        self.event = event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.complete_collective(self.event, time.time())
+        return False
+
+
+class _Skipped(_Off):
+    skip = True
+
+
+_SKIPPED = _Skipped()
+
+
+class _Probe:
+    def __init__(self, run_dir: str, identity: dict):
+        import psutil  # only a probe that is on pays for the import
+        rank = identity["rank"]
+        self.run_dir = run_dir
+        self.rank = rank
+        os.makedirs(run_dir, exist_ok=True)
+        self.file = runfile.RunFileWriter(
+            os.path.join(run_dir, runfile.probe_file_name(rank)), identity, os.getpid(),
+            psutil.Process().create_time(), time.time())
+        specs = [spec for spec in faults.parse_faults(os.environ.get(faults.ENV_VAR, ""))
+                 if spec.rank == rank]
+        self.faults = faults.FaultPlan(specs)
+        if specs:
+            self.file.fault(str(specs[0]), 0.0)
+        self.skip_next_collective = False
+        self.depth = 0
+        self.traced_thread = threading.get_ident()
+        self.seqs: dict[tuple, int] = {}
+        self.sites: dict[tuple[int, int], bytes] = {}
+        self.codes: dict[int, tuple[object, bool]] = {}
+        self.tensor_info: dict[tuple, tuple[bytes, bytes, int]] = {}
+        threading.Thread(target=self._beat, name="diag-heartbeat", daemon=True).start()
+
+    # Phases.
+
+    def enter_phase(self, name: str, step: int | None) -> int:
+        fault = self.faults.due(name, step) if self.faults.armed else None
+        if fault is not None:
+            self._fire(fault)
+        if self.depth == 0:
+            self.traced_thread = threading.get_ident()
+        self.depth += 1
+        event = self.file.open_phase(name, step, time.time(), self.depth)
+        if fault is not None and fault.kind == "skip_broadcast":
+            faults.block_forever()
+        return event
+
+    def exit_phase(self, event: int) -> None:
+        self.depth -= 1
+        self.file.close_phase(event, time.time(), self.depth)
+
+    def _fire(self, fault: faults.FaultSpec) -> None:
+        self.file.fault(str(fault), time.time())
+        if fault.kind == "skip_collective":
+            self.skip_next_collective = True
+        faults.inflict(fault)
+
+    # Collectives.
+
+    def begin_collective(self, group, op, tensors, peer, caller) -> _Traced | _Skipped:
+        if self.skip_next_collective:
+            self.skip_next_collective = False
+            return _SKIPPED
+        key = (group, op, peer) if peer is not None else group
+        seq = self.seqs.get(key, 0)
+        self.seqs[key] = seq + 1
+        shapes, dtype, nbytes = self._describe(tensors)
+        return _Traced(self.file, self.file.open_collective(
+            group, seq, op, peer, shapes, dtype, nbytes, self._call_site(caller), time.time()))
+
+    def _describe(self, tensors) -> tuple[bytes, bytes, int]:
+        """(shapes, dtypes, bytes), cached by the tensors' shapes and dtypes."""
+        if len(tensors) == 1:
+            key = (tensors[0].shape, tensors[0].dtype)
+        else:
+            key = tuple([(tensor.shape, tensor.dtype) for tensor in tensors])
+        info = self.tensor_info.get(key)
+        if info is None:
+            dtypes = {str(tensor.dtype).removeprefix("torch.") for tensor in tensors}
+            info = self.tensor_info[key] = (
+                runfile.format_shapes([tuple(tensor.shape) for tensor in tensors]),
+                ",".join(sorted(dtypes)).encode(),
+                sum(tensor.numel() * tensor.element_size() for tensor in tensors))
+        return info
+
+    def _call_site(self, frame) -> bytes:
+        """The first frame outside the communicator and diagnose/.
+
+        Hashing a code object or asking a frame for its line number costs more
+        than the rest of the record, so both caches go by id(code); `codes`
+        keeps each code object alive, so an id is never reused for another.
+        """
+        while frame is not None:
+            code = frame.f_code
+            known = self.codes.get(id(code))
+            if known is None:
+                known = self.codes[id(code)] = (code, code.co_filename.endswith(COMMUNICATOR_FILE)
+                                                or code.co_filename.startswith(DIAGNOSE_DIR))
+            if not known[1]:
+                break
+            frame = frame.f_back
+        if frame is None:
+            return b""
+        key = (id(code), frame.f_lasti)
+        site = self.sites.get(key)
+        if site is None:
+            site = self.sites[key] = stacks.frame_label(
+                code.co_filename, frame.f_lineno, code.co_name).encode()
+        return site
+
+    # Heartbeat thread.
+
+    def _beat(self) -> None:
+        me = threading.get_ident()
+        count, answered = 0, 0
+        while True:
+            count += 1
+            self.file.heartbeat(time.time(), count, self._traced_frame())
+            request = self.file.dump_request()
+            if request != answered:
+                self._dump(request, me)
+                answered = request
+            time.sleep(HEARTBEAT_S)
+
+    def _dump(self, request: int, me: int) -> None:
+        """Answers even when the file cannot be written (run dir gone), so the
+        asker stops waiting and the heartbeat thread lives on."""
+        try:
+            stacks.write_stacks_file(
+                os.path.join(self.run_dir, runfile.stacks_file_name(self.rank)),
+                stacks.thread_stacks(skip_ident=me), os.getpid(), request)
+        except OSError:
+            pass
+        self.file.dump_done(request)
+
+    def _traced_frame(self) -> str:
+        frame = sys._current_frames().get(self.traced_thread)
+        if frame is None:
+            return ""
+        return stacks.frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

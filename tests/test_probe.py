@@ -1,0 +1,264 @@
+"""The probe in real processes, read from outside by the collector."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnose import collector, runfile, stacks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    path = tmp_path / "run"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def spawn(tmp_path, run_dir):
+    """Starts `script` (dedented) as a process with the probe on; kills leftovers."""
+    children = []
+
+    def start(script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        path = tmp_path / f"child{len(children)}.py"
+        path.write_text(textwrap.dedent(script))
+        child_env = {**os.environ, "PYTHONPATH": str(REPO), "DIAG_RUN_DIR": str(run_dir),
+                     **(env or {})}
+        child = subprocess.Popen([sys.executable, str(path), *args], env=child_env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Polls until predicate() is truthy and returns its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def rank_in_phase(run_dir, rank: int, name: str, step=None):
+    """The rank's state once its innermost open phase is (name, step), else None."""
+    state = collector.collect(str(run_dir)).ranks.get(rank)
+    if state and state.phase and (state.phase.name, state.phase.step) == (name, step):
+        return state
+    return None
+
+
+TP_CHILD = """
+    import sys, time, torch
+    from diagnose import probe
+    from engine.communicator import Communicator, Layout
+
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    layout = Layout(tp_size=2, pp_size=1)
+    probe.init("worker", rank=rank, world_size=2, tp_rank=rank, tp_size=2, pp_rank=0,
+               pp_size=1, groups=layout.groups())
+    with probe.phase("init_distributed"):
+        comm = Communicator(layout, rank, init_method=f"file://{store}")
+
+    def forward():
+        x = torch.ones(4, 8)
+        comm.all_reduce(x)
+        comm.all_reduce(x)
+        comm.all_gather(torch.ones(2, 3))
+        if rank == 0:
+            comm.send([torch.ones(5), torch.ones(5)], dst=1)
+        else:
+            comm.recv([((5,), torch.float32)] * 2, src=0)
+
+    for step in range(2):
+        with probe.phase("execute_model", step=step):
+            with probe.phase("forward", step=step):
+                forward()
+    with probe.phase("execute_model", step=2):
+        time.sleep(120)
+"""
+
+
+def test_phases_and_collectives_of_two_gloo_ranks_are_visible_while_they_run(
+        spawn, run_dir, tmp_path):
+    store = tmp_path / "store"
+    for rank in (0, 1):
+        spawn(TP_CHILD, str(rank), str(store))
+    states = [wait_for(lambda r=rank: rank_in_phase(run_dir, r, "execute_model", 2),
+                       what=f"rank {rank} in execute_model step 2") for rank in (0, 1)]
+
+    for rank, state in enumerate(states):
+        assert state.alive
+        assert state.identity.tp_rank == rank and state.identity.groups["tp0"] == [0, 1]
+        assert [(p.name, p.step) for p in state.open_phases] == [("execute_model", 2)]
+        assert [(p.name, p.step, p.end is not None) for p in state.phases] == [
+            ("init_distributed", None, True), ("execute_model", 0, True), ("forward", 0, True),
+            ("execute_model", 1, True), ("forward", 1, True), ("execute_model", 2, False)]
+        tp = [c for c in state.collectives if c.group == "tp0"]
+        assert [(c.op, c.seq) for c in tp] == [("all_reduce", 0), ("all_reduce", 1),
+                                               ("all_gather", 2), ("all_reduce", 3),
+                                               ("all_reduce", 4), ("all_gather", 5)]
+        assert (tp[0].shapes, tp[0].dtype, tp[0].nbytes) == ([[4, 8]], "float32", 128)
+        assert tp[2].shapes == [[2, 3]]
+        assert all(c.state == "completed" and c.t_complete >= c.t_enqueue
+                   for c in state.collectives)
+        assert all(f"/child{rank}.py:" in c.site and c.site.endswith(" forward")
+                   for c in state.collectives), state.collectives[0].site
+        op, peer = ("send", 1) if rank == 0 else ("recv", 0)
+        assert [(c.op, c.peer, c.seq) for c in state.collectives if c.group == "pp"] == [
+            (op, peer, seq) for seq in range(4)]
+
+
+BLOCKED_CHILD = """
+    import sys, threading, time
+    from diagnose import probe
+
+    probe.init("worker", rank=0, world_size=1)
+
+    def wait_in_sleep():
+        time.sleep(120)
+
+    def wait_on_lock():
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+
+    with probe.phase("forward", step=7):
+        {"sleep": wait_in_sleep, "lock": wait_on_lock}[sys.argv[1]]()
+"""
+
+
+def heartbeats(run_dir) -> int:
+    with open(run_dir / "rank-0.probe", "rb") as source:
+        fd = source.fileno()
+        return runfile.read_probe(fd, 0).heartbeat_count
+
+
+@pytest.mark.parametrize("blocked_in", ["sleep", "lock"])
+def test_heartbeat_goes_on_while_the_main_thread_is_blocked(spawn, run_dir, blocked_in):
+    spawn(BLOCKED_CHILD, blocked_in)
+    wait_for(lambda: rank_in_phase(run_dir, 0, "forward", 7), what="forward step 7")
+    before = heartbeats(run_dir)
+    time.sleep(0.6)
+    state = collector.collect(str(run_dir)).ranks[0]
+    assert heartbeats(run_dir) >= before + 3
+    assert time.time() - state.heartbeat_at < 0.5
+    function = "wait_in_sleep" if blocked_in == "sleep" else "wait_on_lock"
+    assert state.frame.endswith(f" {function}"), state.frame
+
+
+def test_stacks_are_dumped_on_request(spawn, run_dir):
+    child = spawn(BLOCKED_CHILD, "sleep")
+    wait_for(lambda: rank_in_phase(run_dir, 0, "forward", 7), what="forward step 7")
+
+    assert collector.request_dump(str(run_dir)) == []
+
+    threads = collector.collect(str(run_dir)).ranks[0].stacks
+    assert list(threads) == ["MainThread"]  # the heartbeat thread leaves itself out
+    assert threads["MainThread"][-1].endswith(" wait_in_sleep")
+    assert threads["MainThread"][0].endswith(" <module>")
+    external = stacks.py_spy_dump(child.pid)
+    assert external.note is None
+    assert any(frames[-1].endswith(" wait_in_sleep") for frames in external.threads.values())
+
+
+def test_py_spy_of_a_missing_process_gives_a_note(spawn):
+    child = spawn("pass")
+    child.wait()
+    external = stacks.py_spy_dump(child.pid, timeout=10)
+    assert external.threads is None
+    assert str(child.pid) in external.note
+
+
+KILLED_CHILD = """
+    import time, torch
+    from diagnose import probe
+
+    probe.init("worker", rank=0, world_size=1)
+    with probe.phase("execute_model", step=4):
+        with probe.phase("forward", step=4):
+            with probe.collective("tp0", "all_reduce", [torch.ones(3, dtype=torch.float16)]):
+                time.sleep(120)
+"""
+
+
+def test_state_survives_sigkill(spawn, run_dir):
+    child = spawn(KILLED_CHILD)
+    wait_for(lambda: rank_in_phase(run_dir, 0, "forward", 4), what="forward step 4")
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+    state = collector.collect(str(run_dir)).ranks[0]
+    assert not state.alive
+    assert [(p.name, p.step) for p in state.open_phases] == [("execute_model", 4), ("forward", 4)]
+    (record,) = state.collectives
+    assert (record.op, record.seq, record.state, record.t_complete) == (
+        "all_reduce", 0, "enqueued", None)
+    assert (record.shapes, record.dtype, record.nbytes) == ([[3]], "float16", 6)
+
+
+def test_probe_is_off_without_run_dir(tmp_path):
+    script = textwrap.dedent("""
+        from diagnose import probe
+        probe.init("worker", rank=0, world_size=1)
+        with probe.phase("forward", step=1):
+            with probe.collective("tp0", "all_reduce", []) as record:
+                assert record.skip is False
+        probe.kv_stats(1, 2, 3, 4, 5, 6)
+        assert probe._probe is None
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "DIAG_RUN_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+DRIVER_CHILD = """
+    import os, time
+    from diagnose import probe
+
+    probe.init("driver")
+    probe.ring_state(5)
+    probe.kv_stats(3, used=10, free=90, allocated=12, freed=2, preempted=1)
+    probe.worker_exit(2, -9)
+    if os.fork() == 0:
+        with probe.phase("schedule", step=99):  # a forked child does not write its parent's file
+            os._exit(0)
+    os.wait()
+    with probe.phase("schedule", step=3):
+        time.sleep(120)
+"""
+
+
+def test_driver_state_and_forked_children_stay_out(spawn, run_dir):
+    spawn(DRIVER_CHILD)
+
+    def driver_scheduling():
+        driver = collector.collect(str(run_dir)).driver
+        return driver if driver and driver.phase and driver.phase.name == "schedule" else None
+
+    driver = wait_for(driver_scheduling, what="the driver in schedule")
+    assert driver.identity.role == "driver" and driver.identity.rank is None
+    assert driver.ring_written == 5
+    assert (driver.kv.step, driver.kv.used, driver.kv.free, driver.kv.preempted) == (3, 10, 90, 1)
+    assert [(e.rank, e.exitcode) for e in driver.worker_exits] == [(2, -9)]
+    assert [(p.name, p.step) for p in driver.phases] == [("schedule", 3)]
+    assert sorted(os.listdir(run_dir)) == ["driver.probe"]
