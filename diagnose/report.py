@@ -1,0 +1,117 @@
+"""Verdicts for people (one terminal screen, with rich) and for programs (JSON).
+
+The screen: each verdict's sentence, the culprit in red and the ranks that wait
+on it in yellow, then one row per rank: where it is and what it last did.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from diagnose.snapshot import RankState, Snapshot, Verdict
+
+CULPRIT_STYLE = "bold red"
+VICTIM_STYLE = "yellow"
+CULPRIT_NAME = r"^(rank \d+(?: \([^)]*\))?|the driver)"     # a summary starts with the culprit
+VICTIMS_TAIL = r"(?<=; )[^;]*(?= waits? on it$)"
+
+
+@dataclass
+class RankRow:
+    rank: int
+    stage: str              # "3/0" (pp rank/tp rank), or "" outside a TP x PP layout
+    state: str              # culprit, victim, dead, running
+    phase: str | None
+    step: int | None
+    heartbeat_age_s: float
+    last_collective: str    # "tp2 all_reduce #9 waiting", "pp send->6 #4"
+    frame: str
+
+
+def rank_rows(snapshot: Snapshot, verdicts: list[Verdict]) -> list[RankRow]:
+    culprits = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    victims = {rank for verdict in verdicts for rank in verdict.victim_ranks}
+    rows = []
+    for rank, state in snapshot.ranks.items():
+        phase = state.open_phases[-1] if state.open_phases else None
+        steps = [event.step for event in state.open_phases + state.phases if event.step is not None]
+        rows.append(RankRow(
+            rank=rank, stage=_stage(state),
+            state=("culprit" if rank in culprits else "dead" if not state.alive
+                   else "victim" if rank in victims else "running"),
+            phase=phase.name if phase else None, step=max(steps) if steps else None,
+            heartbeat_age_s=round(snapshot.taken_at - state.heartbeat_at, 3),
+            last_collective=_last_collective(state), frame=state.frame))
+    return rows
+
+
+def to_json(snapshot: Snapshot, verdicts: list[Verdict]) -> dict:
+    return {"verdicts": [asdict(verdict) for verdict in verdicts],
+            "ranks": [asdict(row) for row in rank_rows(snapshot, verdicts)]}
+
+
+def renderable(snapshot: Snapshot, verdicts: list[Verdict]) -> Group:
+    """One screen: the verdict sentence over a table of every rank."""
+    return Group(Panel(_verdict_lines(verdicts), title=f"diag: {snapshot.run_dir}",
+                       border_style="red" if verdicts else "green"),
+                 _rank_table(rank_rows(snapshot, verdicts)))
+
+
+def render(snapshot: Snapshot, verdicts: list[Verdict], console: Console | None = None,
+           notes: list[str] | None = None) -> None:
+    console = console or Console()
+    console.print(renderable(snapshot, verdicts))
+    for note in notes or []:
+        console.print(Text(f"note: {note}", style="dim"))
+
+
+def _verdict_lines(verdicts: list[Verdict]) -> Group | Text:
+    if not verdicts:
+        return Text("no hang, death or straggler found", style="green")
+    lines = []
+    for verdict in verdicts:
+        line = Text(f"[{verdict.kind}] ", style="bold")
+        sentence = Text(verdict.summary)
+        sentence.highlight_regex(CULPRIT_NAME, CULPRIT_STYLE)
+        sentence.highlight_regex(VICTIMS_TAIL, VICTIM_STYLE)
+        lines.append(line + sentence)
+    return Group(*lines)
+
+
+def _rank_table(rows: list[RankRow]) -> Table:
+    """One line per rank, cut to the screen's width; columns no rank has a value
+    for are left out."""
+    cells = [[str(row.rank), row.stage, row.state, row.phase or "",
+              "" if row.step is None else str(row.step), f"{row.heartbeat_age_s:.1f}s",
+              row.last_collective, row.frame] for row in rows]
+    headers = ("rank", "pp/tp", "state", "phase", "step", "hb age", "last collective", "frame")
+    shown = [index for index in range(len(headers)) if any(cell[index] for cell in cells)]
+    table = Table(show_edge=False, pad_edge=False, expand=True)
+    for index in shown:
+        flexible = headers[index] == "frame"          # the one column that gives way
+        table.add_column(headers[index], no_wrap=True, overflow="ellipsis",
+                         ratio=1 if flexible else None)
+    styles = {"culprit": CULPRIT_STYLE, "victim": VICTIM_STYLE, "dead": "red"}
+    for row, cell in zip(rows, cells):
+        table.add_row(*[cell[index] or "-" for index in shown], style=styles.get(row.state))
+    return table
+
+
+def _stage(state: RankState) -> str:
+    ident = state.identity
+    if ident.pp_rank is None or ident.tp_rank is None:
+        return ""
+    return f"{ident.pp_rank}/{ident.tp_rank}"
+
+
+def _last_collective(state: RankState) -> str:
+    if not state.collectives:
+        return ""
+    record = state.collectives[-1]
+    peer = f"->{record.peer}" if record.op == "send" else f"<-{record.peer}" if record.op == "recv" else ""
+    waiting = " waiting" if record.state != "completed" else ""
+    return f"{record.group} {record.op}{peer} #{record.seq}{waiting}"

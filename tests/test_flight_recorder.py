@@ -1,0 +1,170 @@
+"""Flight Recorder dumps -> Snapshot -> the same analyze(): real gloo dumps from
+tests/fixtures, NCCL-format dicts, and inputs that must not be trusted."""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from diagnose.analysis import analyze
+from diagnose.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
+from diagnose.thresholds import Thresholds
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+POST_MORTEM = Thresholds(stall_s=0.0)
+
+
+def copy_fixture(name, tmp_path):
+    target = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, name), target)
+    return target
+
+
+def test_real_gloo_dumps_name_the_rank_the_group_waits_for():
+    run = read_fr_dir(os.path.join(FIXTURES, "fr_hang"))
+    assert run.notes == []
+    assert sorted(run.snapshot.ranks) == [0, 1, 2, 3]
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert verdict.kind == "collective_missing_peers"
+    assert verdict.culprit_ranks == [3]
+    assert verdict.victim_ranks == [0, 1, 2]
+    assert (verdict.group, verdict.seq) == ("tp1", 5)        # rank 2 waits there alone
+    assert "make_fr_dumps.py" in run.snapshot.ranks[2].frame
+
+
+def test_real_gloo_dumps_of_a_healthy_run_give_no_verdict():
+    run = read_fr_dir(os.path.join(FIXTURES, "fr_healthy"))
+    assert analyze(run.snapshot, POST_MORTEM) == []
+    assert all(record.state == "completed"
+               for state in run.snapshot.ranks.values() for record in state.collectives)
+
+
+def test_a_truncated_dump_is_a_note_and_the_rest_is_still_analysed(tmp_path):
+    directory = copy_fixture("fr_hang", tmp_path)
+    victim = directory / "nccl_trace_rank_0"
+    victim.write_bytes(victim.read_bytes()[:700])
+    (directory / "nccl_trace_rank_9").write_bytes(b"")
+    run = read_fr_dir(str(directory))
+    assert run.notes == ["nccl_trace_rank_0: truncated pickle, skipped",
+                         "nccl_trace_rank_9: empty file, skipped"]
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert verdict.culprit_ranks == [3]
+    assert verdict.victim_ranks == [1, 2]
+
+
+def test_the_unpickler_refuses_objects_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps({"version": "2.10", "entries": [Payload()]}))
+    with pytest.raises(FlightRecorderError, match="refusing to load posix.mkdir"):
+        load_dump(str(path))
+    assert not marker.exists()
+    with pytest.raises(FlightRecorderError, match="no readable Flight Recorder dump"):
+        read_fr_dir(str(tmp_path))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x80\x04\xffjunk", "not a Flight Recorder dump"),
+    (pickle.dumps(["a", "list"]), "no 'entries' list"),
+    (pickle.dumps({"entries": "nope"}), "no 'entries' list"),
+])
+def test_corrupt_dumps_are_refused_with_a_reason(tmp_path, content, message):
+    path = tmp_path / "trace_rank_1"
+    path.write_bytes(content)
+    with pytest.raises(FlightRecorderError, match=message):
+        load_dump(str(path))
+
+
+def test_a_directory_without_dumps_is_an_error(tmp_path):
+    assert not looks_like_fr_dir(str(tmp_path))
+    with pytest.raises(FlightRecorderError, match="the directory is empty"):
+        read_fr_dir(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("hello")
+    assert not looks_like_fr_dir(str(tmp_path))
+
+
+def nccl_entry(record_id, pg, seq, name, state, p2p_seq=0, t=1_700_000_000.0):
+    """One entry as NCCL's Flight Recorder writes it (version 2.x)."""
+    return {"record_id": record_id, "pg_id": int(pg[0]), "process_group": pg,
+            "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "op_id": record_id,
+            "profiling_name": name, "time_created_ns": int((t + record_id) * 1e9),
+            "input_sizes": [[4, 64]], "input_dtypes": ["Float"], "output_sizes": [[4, 64]],
+            "output_dtypes": ["Float"], "state": state, "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": None, "retired": state == "completed",
+            "timeout_ms": 600000, "is_p2p": "send" in name or "recv" in name,
+            "frames": [{"name": "forward", "filename": "/srv/model.py", "line": 42}]}
+
+
+def nccl_dump(entries, groups):
+    return {"version": "2.10", "comm_lib_version": "2.21.5", "pg_status": {},
+            "pg_config": {name: {"name": name, "desc": desc, "ranks": str(ranks)}
+                          for name, (desc, ranks) in groups.items()},
+            "entries": entries}
+
+
+def test_nccl_dumps_name_the_rank_missing_from_the_majority_even_without_its_dump(tmp_path):
+    groups = {"0": ("default_pg", [0, 1, 2, 3])}
+    world = ("0", "default_pg")
+    for rank in (0, 1, 3):                                    # rank 2 left no dump
+        entries = [nccl_entry(i, world, i + 1, "nccl:all_reduce", "completed") for i in range(6)]
+        entries.append(nccl_entry(6, world, 7, "nccl:all_reduce", "started"))
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
+    run = read_fr_dir(str(tmp_path))
+    assert run.notes == ["rank 2: in a process group but no readable dump; kept without records"]
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert verdict.kind == "collective_missing_peers"
+    assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [0, 1, 3]
+    assert (verdict.group, verdict.seq) == ("world", 7)
+    assert run.snapshot.ranks[0].frame == "model.py:42 forward"
+
+
+def test_nccl_send_recv_are_matched_per_peer_in_global_ranks(tmp_path):
+    groups = {"0": ("default_pg", [0, 1, 2, 3]), "5": ("pp", [2, 3])}
+    pp = ("5", "pp")
+    sender = [nccl_entry(0, pp, 0, "nccl:send 0->1", "completed", p2p_seq=1)]
+    receiver = [nccl_entry(0, pp, 0, "nccl:recv 1<-0", "completed", p2p_seq=1),
+                nccl_entry(1, pp, 0, "nccl:recv 1<-0", "scheduled", p2p_seq=2)]
+    (tmp_path / "trace_2").write_bytes(pickle.dumps(nccl_dump(sender, groups)))
+    (tmp_path / "trace_3").write_bytes(pickle.dumps(nccl_dump(receiver, groups)))
+    run = read_fr_dir(str(tmp_path))
+    recv = run.snapshot.ranks[3].collectives[-1]
+    assert (recv.op, recv.peer, recv.seq, recv.state) == ("recv", 2, 1, "enqueued")
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [3]
+
+
+def test_entries_without_the_expected_fields_are_skipped_with_a_note(tmp_path):
+    groups = {"0": ("default_pg", [0])}
+    entries = [nccl_entry(0, ("0", "default_pg"), 1, "nccl:all_reduce", "completed"),
+               {"record_id": 1}, "not a dict"]
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
+    run = read_fr_dir(str(tmp_path))
+    assert run.notes == ["rank 0: 2 entries without the expected fields, skipped"]
+    assert len(run.snapshot.ranks[0].collectives) == 1
+
+
+PRODUCE_DUMP = """
+import os, sys, torch, torch.distributed as dist
+os.environ["TORCH_FR_BUFFER_SIZE"] = "50"
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+group = dist.new_group([0], group_desc="tp0")
+dist.all_reduce(torch.ones(3, 5), group=group)
+open(sys.argv[1], "wb").write(torch._C._distributed_c10d._dump_fr_trace())
+dist.destroy_process_group()
+"""
+
+
+def test_the_installed_torch_writes_what_the_reader_expects(tmp_path):
+    target = tmp_path / "nccl_trace_rank_0"
+    subprocess.run([sys.executable, "-c", PRODUCE_DUMP, str(target)], check=True, timeout=60)
+    run = read_fr_dir(str(tmp_path))
+    [record] = run.snapshot.ranks[0].collectives
+    assert (record.group, record.op, record.seq, record.shapes) == ("tp0", "all_reduce", 1, [[3, 5]])
+    assert record.state == "completed"
