@@ -1,0 +1,136 @@
+"""How long the TUI takes to show a new snapshot of a large job: 1024 simulated ranks
+(tp=8 x pp=128), rank 6 hung before execute_model and everyone else waiting on it.
+
+    python benchmarks/tui_refresh.py [--tp 8] [--pp 128] [--refreshes 20] [--json PATH]
+
+A refresh is what the UI thread does per poll: build the grid model, update the
+widgets, lay out and render the whole screen (its CPU time, so that the frame
+pacing Pilot waits through is left out). The analysis runs in the poll's worker
+thread, off the UI thread; its time is printed beside. Writes the numbers as
+JSON (default tui_refresh.json).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from synthetic import OP_S, Job  # noqa: E402  (tests/synthetic.py plays the probe)
+
+from diagnose.analysis import analyze  # noqa: E402
+from diagnose.snapshot import Snapshot  # noqa: E402
+from tui.app import DiagApp  # noqa: E402
+from tui.grid_model import build_grid  # noqa: E402
+
+CULPRIT_RANK = 6
+SCREEN = (160, 50)
+
+
+def hung_job(tp: int, pp: int) -> Snapshot:
+    """Step 0: the culprit read the broadcast and hangs before execute_model; ranks of
+    its stage wait in their TP all_reduce, every other rank finished the step."""
+    job = Job(tp, pp)
+    t = job.everyone_started(start=0.0, seconds=1.0)
+    job.driver_step(0, t, None)
+    culprit_stage = CULPRIT_RANK // tp
+    for rank in job.ranks:
+        start = t + OP_S + (rank // tp) * 4 * OP_S
+        if rank == CULPRIT_RANK:
+            job.dequeue(rank, start, start + OP_S)
+            job.ranks[rank].ring_read += 1
+        elif rank // tp == culprit_stage:
+            job.step(rank, 0, start, stop="forward")
+        else:
+            job.dequeue(rank, job.step(rank, 0, start))
+    job.now = t + 30.0
+    return job.snapshot()
+
+
+class StillSource:
+    """The same snapshot and verdicts on every poll: the app's own polling stays
+    cheap, so the timings are the refreshes'."""
+
+    def __init__(self, snapshot: Snapshot, verdicts) -> None:
+        self.fixed, self.fixed_verdicts = snapshot, verdicts
+
+    def snapshot(self) -> Snapshot:
+        return self.fixed
+
+    def verdicts(self, snapshot: Snapshot):
+        return self.fixed_verdicts
+
+
+async def time_refreshes(snapshot: Snapshot, verdicts, refreshes: int) -> list[float]:
+    """UI-thread CPU seconds per refresh of the running app, each with a later
+    snapshot time: the new snapshot's widgets updated, laid out and the whole
+    screen rendered. CPU time of the event loop's thread leaves out the idle
+    time Pilot waits for the next frame."""
+    app = DiagApp(StillSource(snapshot, verdicts))
+    times = []
+    async with app.run_test(size=SCREEN) as pilot:
+        while app.snapshot is None:
+            await pilot.pause(0.05)
+        await pilot.pause()  # the first paint is start-up, not a refresh
+        for index in range(refreshes):
+            later = replace(snapshot, taken_at=snapshot.taken_at + 0.25 * (index + 1))
+            start = time.thread_time()
+            app.verdicts = verdicts
+            app.snapshot = later
+            await pilot.pause()
+            app.screen._compositor.render_update(full=True)
+            times.append(time.thread_time() - start)
+    return times
+
+
+def best_of(runs: int, body) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        body()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=128)
+    parser.add_argument("--refreshes", type=int, default=20)
+    parser.add_argument("--json", default="tui_refresh.json", help="where to write the numbers")
+    args = parser.parse_args()
+
+    snapshot = hung_job(args.tp, args.pp)
+    verdicts = analyze(snapshot)
+    analyze_s = best_of(3, lambda: analyze(snapshot))
+    model_s = best_of(5, lambda: build_grid(snapshot, verdicts))
+    refresh = asyncio.run(time_refreshes(snapshot, verdicts, args.refreshes))
+    result = {
+        "ranks": len(snapshot.ranks), "tp": args.tp, "pp": args.pp, "screen": list(SCREEN),
+        "refresh_ms_median": 1000 * statistics.median(refresh),
+        "refresh_ms_max": 1000 * max(refresh),
+        "grid_model_ms": 1000 * model_s,
+        "analyze_ms": 1000 * analyze_s,
+        "verdict": verdicts[0].summary if verdicts else None,
+        "python": platform.python_version(),
+    }
+    print(f"{result['ranks']} ranks (tp={args.tp} pp={args.pp}), screen {SCREEN[0]}x{SCREEN[1]}")
+    print(f"  refresh (UI thread CPU): median {result['refresh_ms_median']:.1f} ms, "
+          f"max {result['refresh_ms_max']:.1f} ms over {args.refreshes}")
+    print(f"  of which grid model: {result['grid_model_ms']:.1f} ms")
+    print(f"  analysis (poll thread): {result['analyze_ms']:.1f} ms")
+    print(f"  verdict: {result['verdict']}")
+    with open(args.json, "w") as out:
+        json.dump(result, out, indent=2)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The `diag` command: one subcommand per job.
+
+    diag analyze PATH [--json] [--perfetto FILE] [--stall-timeout SECONDS|auto]
+
+PATH is a run dir (the probes' *.probe files) or a directory of PyTorch Flight
+Recorder dumps; the content decides which. Flight Recorder dumps are written
+once a job is already stuck, so there every wait counts as a hang unless
+--stall-timeout says otherwise; a run dir uses the learned limits (auto).
+
+Exit codes:
+    0   analysed: no verdict (healthy)
+    1   analysed: at least one verdict (hang, death, mismatch or straggler)
+    2   bad usage or unreadable input; one line on stderr says why
+
+A subcommand is a function that adds its parser to `commands` and sets
+`run` to the function that carries it out; add it to SUBCOMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def add_analyze(commands) -> None:
+    parser = commands.add_parser("analyze", help="name the culprit of a hang from a run dir "
+                                                 "or Flight Recorder dumps")
+    parser.add_argument("path", help="run dir, or directory of Flight Recorder dumps")
+    parser.add_argument("--json", action="store_true", help="print verdicts and ranks as JSON")
+    parser.add_argument("--perfetto", metavar="FILE", help="also write a Chrome/Perfetto trace")
+    parser.add_argument("--stall-timeout", metavar="SECONDS|auto", type=_thresholds,
+                        help="seconds without progress that make a hang (default: auto for a "
+                             "run dir, 0 for Flight Recorder dumps)")
+    parser.set_defaults(run=analyze_command)
+
+
+def analyze_command(args) -> int:
+    from diagnose.analysis import analyze
+    from diagnose.report import render, to_json
+    from diagnose.thresholds import Thresholds
+
+    snapshot, notes, post_mortem = _read(args.path)
+    thresholds = args.stall_timeout or (Thresholds(stall_s=0.0) if post_mortem else Thresholds())
+    verdicts = analyze(snapshot, thresholds)
+    if args.perfetto:
+        _write_perfetto(snapshot, args.perfetto)
+    if args.json:
+        print(json.dumps(to_json(snapshot, verdicts) | {"notes": notes}, indent=2))
+    else:
+        render(snapshot, verdicts, notes=notes)
+    return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
+
+
+def _thresholds(text: str):
+    from diagnose.thresholds import ThresholdError, Thresholds
+    try:
+        return Thresholds.parse(text)
+    except ThresholdError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--stall-timeout ")) from None
+
+
+def _read(path: str):
+    """(snapshot, notes, is_flight_recorder) from a run dir or a dump directory."""
+    from diagnose.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
+
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise UsageError(f"{path}: not a directory (give a run dir or a directory of "
+                         f"Flight Recorder dumps)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise UsageError(f"{path}: permission denied")
+    if glob.glob(os.path.join(path, "*.probe")):
+        from diagnose.collector import Collector
+        collector = Collector(path)
+        snapshot = collector.snapshot()
+        if not snapshot.ranks and snapshot.driver is None:
+            raise UsageError(f"{path}: no readable probe file ({'; '.join(collector.notes)})")
+        return snapshot, collector.notes, False
+    if looks_like_fr_dir(path):
+        try:
+            run = read_fr_dir(path)
+        except FlightRecorderError as error:
+            raise UsageError(str(error)) from None
+        return run.snapshot, run.notes, True
+    raise UsageError(f"{path}: neither a run dir (no *.probe files) nor a directory of "
+                     f"Flight Recorder dumps")
+
+
+def _write_perfetto(snapshot, path: str) -> None:
+    from diagnose.perfetto import to_perfetto
+    try:
+        with open(path, "w") as sink:
+            json.dump(to_perfetto(snapshot), sink)
+    except OSError as error:
+        raise UsageError(f"--perfetto {path}: {error.strerror}") from None
+
+
+def add_tui(commands) -> None:
+    parser = commands.add_parser("tui", help="watch a run dir live: which rank is stuck where, and why")
+    parser.add_argument("run_dir", help="the run dir of a live or finished run")
+    parser.set_defaults(run=tui_command)
+
+
+def tui_command(args) -> int:
+    from tui.app import DiagApp, RunDirError, open_run_dir
+    try:
+        source = open_run_dir(args.run_dir)
+    except RunDirError as error:
+        raise UsageError(str(error)) from None
+    DiagApp(source).run()
+    return EXIT_HEALTHY
+
+
+def add_launch(commands) -> None:
+    parser = commands.add_parser("launch", help="run a command with probes on in every rank; "
+                                                "name the culprit when it hangs")
+    _launch_options(parser)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                        help="the command to run, after --")
+    parser.set_defaults(run=launch_command)
+
+
+def _launch_options(parser) -> None:
+    a = parser.add_argument
+    a("--run-dir", help="where probes, dumps and the report go (default: runs/<time>)")
+    a("--stall-timeout", default="auto", metavar="SECONDS|auto", type=_thresholds,
+      help="seconds without progress that make a hang (default: auto, learned from the run)")
+    a("--on-hang", choices=["report", "kill", "wait"], default="report",
+      help="on a hang: dump and report, then keep running (report); also end the run (kill); "
+           "only watch (wait)")
+    a("--launch-blocking", metavar="RANKS|all", type=_ranks,
+      help="CUDA_LAUNCH_BLOCKING=1 on these ranks only")
+    a("--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG level, one file per rank in the run dir")
+    a("--fault", action="append", default=[], type=_fault, metavar="SPEC",
+      help="inject a fault: rank=R,at=PHASE[,step=N],kind=hang|sleep:S|crash|exit:C|"
+           "skip_collective|skip_broadcast (repeatable)")
+    a("--json-report", metavar="FILE", help="also write the report's JSON here")
+
+
+def launch_command(args) -> int:
+    from diagnose.launch import Launcher
+    from diagnose.live import print_outcome, run_with_live_view
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("launch needs a command after --, e.g. diag launch -- python -m engine serve")
+    launcher = Launcher(_launch_options_of(args, command))
+    try:
+        outcome = run_with_live_view(launcher)
+    except FileNotFoundError as error:
+        raise UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
+    print_outcome(launcher, outcome)
+    return outcome.exit_code
+
+
+def _launch_options_of(args, command: list[str]):
+    from diagnose.launch import LaunchOptions, default_run_dir
+    return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
+                         thresholds=args.stall_timeout, on_hang=args.on_hang,
+                         launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
+                         faults=args.fault, json_report=args.json_report)
+
+
+def _ranks(text: str) -> str:
+    from diagnose.rank_env import parse_ranks
+    try:
+        parse_ranks(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--launch-blocking ")) from None
+    return text
+
+
+def _fault(text: str) -> str:
+    from diagnose.faults import FaultSpecError, parse_faults
+    try:
+        parse_faults(text)
+    except FaultSpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def add_dump(commands) -> None:
+    parser = commands.add_parser("dump", help="stacks of every rank of a live run, now")
+    parser.add_argument("run_dir")
+    parser.add_argument("--native", action="store_true", help="py-spy with native frames")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(run=dump_command)
+
+
+def dump_command(args) -> int:
+    from diagnose.dump import dump_run, render_dump
+    _read(args.run_dir)  # one-line errors for a missing or foreign dir
+    body = dump_run(args.run_dir, native=args.native)
+    if args.json:
+        print(json.dumps(body, indent=1))
+    else:
+        render_dump(body)
+    return EXIT_HEALTHY
+
+
+def add_demo(commands) -> None:
+    parser = commands.add_parser("demo", help="watch a hang being found: tiny-llama at tp=2 "
+                                              "pp=4 on the CPU, rank 6 never reaches execute_model")
+    parser.add_argument("--run-dir", help="default: runs/demo-<time>")
+    parser.add_argument("--no-tui", action="store_true", help="plain live view even on a terminal")
+    parser.set_defaults(run=demo_command)
+
+
+def demo_command(args) -> int:
+    from diagnose.demo import run_demo
+    return run_demo(args.run_dir, use_tui=not args.no_tui)
+
+
+SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="diag", description="Find the rank at the root of a hang in "
+                                              "tensor- and pipeline-parallel LLM serving.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_Parser)
+    for add in SUBCOMMANDS:
+        add(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except UsageError as error:
+        print(f"diag: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:                  # the reader went away (diag ... | head)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""diag launch: run a command with the probe on in every rank, watch it, report.
+
+The command runs in a session of its own, with DIAG_RUN_DIR (and the per-rank
+toggles) in its environment, so every process it spawns publishes its state.
+The launcher polls the run dir, runs the analysis, and on a hang dumps every
+rank's stacks and writes the report. It exits with the command's own code
+when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from diagnose import faults, probe, rank_env, report
+from diagnose.analysis import analyze
+from diagnose.collector import Collector, request_dump
+from diagnose.snapshot import Snapshot, Verdict
+from diagnose.dump import py_spy_all
+from diagnose.thresholds import Thresholds
+
+EXIT_HUNG = 86          # the launcher ended the run because it hung
+POLL_S = 0.25
+STOP_GRACE_S = 10.0
+HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers",
+                        "collective_mismatch", "broadcast_not_consumed", "dead"})
+
+
+@dataclass
+class LaunchOptions:
+    command: list[str]
+    run_dir: str
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    on_hang: str = "report"             # report (and keep running), kill, wait
+    launch_blocking: str | None = None  # "all" or "0,3"
+    nccl_debug: str | None = None
+    faults: list[str] = field(default_factory=list)
+    json_report: str | None = None
+    echo_output: bool = True            # copy the command's output to our stderr
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    verdicts: list[Verdict]
+    report_path: str
+
+
+def command_env(opts: LaunchOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env[probe.RUN_DIR_VAR] = os.path.abspath(opts.run_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    if opts.faults:
+        env[faults.ENV_VAR] = ";".join(opts.faults)
+    if opts.launch_blocking:
+        env[rank_env.LAUNCH_BLOCKING_VAR] = opts.launch_blocking
+    if opts.nccl_debug:
+        env[rank_env.NCCL_DEBUG_VAR] = opts.nccl_debug
+    return env
+
+
+class Launcher:
+    def __init__(self, opts: LaunchOptions):
+        self.opts = opts
+        self.thresholds = opts.thresholds
+        for spec in opts.faults:  # bad settings fail here, before anything starts
+            faults.parse_faults(spec)
+        if opts.launch_blocking:
+            rank_env.parse_ranks(opts.launch_blocking)
+        os.makedirs(opts.run_dir, exist_ok=True)
+        self.collector = Collector(opts.run_dir)
+        self.proc: subprocess.Popen | None = None
+        self.reported: set[tuple] = set()
+        self.snapshot: Snapshot | None = None
+        self.verdicts: list[Verdict] = []
+
+    # -- the command ------------------------------------------------------
+    def start(self) -> None:
+        log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
+        self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
+        self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
+                                         "started_at": time.time(), **_options_json(self.opts)})
+
+    def _copy_output(self, log) -> None:
+        with log:
+            for line in iter(self.proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+                if self.opts.echo_output:
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.flush()
+
+    def stop(self) -> None:
+        """End the command and every process it started, gracefully first."""
+        if self.proc is None:
+            return
+        group = self._process_group()
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        _, alive = psutil.wait_procs(group, timeout=STOP_GRACE_S)
+        for leftover in alive:
+            leftover.kill()
+
+    def _process_group(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    # -- watching ---------------------------------------------------------
+    def poll(self) -> list[Verdict]:
+        snapshot = self.collector.snapshot()
+        snapshot.command_exit = self.proc.poll()
+        self.snapshot = snapshot
+        self.verdicts = analyze(snapshot, self.thresholds)
+        return self.verdicts
+
+    def new_hangs(self) -> list[Verdict]:
+        fresh = [v for v in self.verdicts if v.kind in HANG_KINDS
+                 and (v.kind, tuple(v.culprit_ranks)) not in self.reported]
+        self.reported.update((v.kind, tuple(v.culprit_ranks)) for v in fresh)
+        return fresh
+
+    def run(self, on_update=lambda launcher: None) -> Outcome:
+        """Start the command and watch it until it ends, or until a hang ends it."""
+        self.start()
+        try:
+            while self.proc.poll() is None:
+                self.poll()
+                on_update(self)
+                if self.new_hangs() and self.opts.on_hang != "wait":
+                    self.write_report(dump=True)
+                    if self.opts.on_hang == "kill":
+                        self.stop()
+                        return Outcome(EXIT_HUNG, self.verdicts, self.report_path)
+                time.sleep(POLL_S)
+            self.poll()
+            on_update(self)
+            self.write_report(dump=False)
+            return Outcome(self.proc.returncode, self.verdicts, self.report_path)
+        finally:
+            self.stop()
+
+    # -- dumps and the report -------------------------------------------
+    @property
+    def report_path(self) -> str:
+        return os.path.join(self.opts.run_dir, "report.json")
+
+    def write_report(self, dump: bool) -> dict:
+        notes = list(self.collector.notes)
+        stacks = {}
+        if dump:
+            notes += request_dump(self.opts.run_dir)
+            self.poll()  # pick up the stacks files the ranks just wrote
+            stacks, spy_notes = py_spy_all(self.snapshot)
+            notes += spy_notes
+        body = report.to_json(self.snapshot, self.verdicts)
+        body["stacks"] = {str(rank): state.stacks for rank, state in self.snapshot.ranks.items()
+                          if state.stacks}
+        body["py_spy"] = stacks
+        body["notes"] = notes
+        body["command_exit"] = self.snapshot.command_exit
+        self._write_json("report.json", body)
+        if self.opts.json_report:
+            with open(self.opts.json_report, "w") as f:
+                json.dump(body, f, indent=1, default=str)
+        return body
+
+    def _write_json(self, name: str, body: dict) -> None:
+        with open(os.path.join(self.opts.run_dir, name), "w") as f:
+            json.dump(body, f, indent=1, default=str)
+
+
+def default_run_dir() -> str:
+    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _options_json(opts: LaunchOptions) -> dict:
+    return {k: v for k, v in asdict(opts).items() if k != "command"}

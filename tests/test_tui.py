@@ -1,0 +1,435 @@
+"""The TUI driven through Textual's Pilot: over synthetic snapshots of a tp=2 pp=4
+run (rank 6 stuck before execute_model, and no fault) with the real analysis,
+over a run dir of live probed processes, and as screen snapshots."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from textual.widgets import Static
+
+from diagnose.analysis import analyze
+from diagnose.snapshot import Snapshot, Verdict
+from synthetic import OP_S, Job
+from tui.app import POLL_INTERVAL_S, DiagApp, open_run_dir, read_log_tail
+from tui.grid_model import CULPRIT, DEAD, IDLE, RUNNING, WAITING, build_grid, move
+from tui.quit_screen import QuitScreen
+from tui.rank_detail import RankDetail
+from tui.rank_grid import RankGrid
+
+TP, PP = 2, 4
+SIZE = (120, 40)
+REPO = Path(__file__).parent.parent
+
+
+# -- synthetic runs (tests/synthetic.py plays the probe; the verdicts come from the real analysis)
+
+def settle(job: Job, now: float) -> Snapshot:
+    job.now = now
+    for state in [*job.ranks.values(), job.driver]:
+        state.heartbeat_at = now - 0.05
+    return job.snapshot()
+
+
+def rank6_never_reached(run_dir: str = "/runs/rank6-never-reached") -> Snapshot:
+    """Step 0: ranks 0-5 finished it and wait for the next broadcast, rank 6 read the
+    broadcast but hangs on entering execute_model, rank 7 waits in its TP all_reduce."""
+    job = Job(TP, PP)
+    t = job.everyone_started(start=0.0, seconds=1.0)
+    job.driver_step(0, t, None)
+    for rank in job.ranks:
+        start = t + OP_S + (rank // TP) * 4 * OP_S
+        if rank == 6:
+            job.dequeue(6, start, start + OP_S)
+            job.ranks[6].ring_read += 1
+            job.fault(6, "rank=6 phase=execute_model kind=hang", start + OP_S)
+            job.ranks[6].frame = "diagnose/faults.py:170 block_forever"
+            job.ranks[6].stacks = {
+                "MainThread": ["engine/worker.py:120 busy_loop", "diagnose/probe.py:77 phase",
+                               "diagnose/faults.py:170 block_forever"],
+                "diag-heartbeat": ["diagnose/probe.py:210 beat"]}
+        elif rank == 7:
+            job.step(7, 0, start, stop="forward")
+            job.ranks[7].frame = "engine/communicator.py:52 all_reduce"
+        else:
+            job.dequeue(rank, job.step(rank, 0, start))
+    return replace(settle(job, t + 36.0), run_dir=run_dir)
+
+
+def no_fault(run_dir: str = "/runs/no-fault") -> Snapshot:
+    """Mid-way through step 20 of a healthy run: stages 0-2 done, stage 3 in its all_reduce."""
+    job = Job(TP, PP)
+    t = job.healthy(steps=20, start=job.everyone_started(start=0.0, seconds=1.0))
+    job.driver_step(20, t, None)
+    for rank in job.ranks:
+        start = t + OP_S + (rank // TP) * 4 * OP_S
+        if rank // TP == PP - 1:
+            job.step(rank, 20, start, stop="forward")
+        else:
+            job.dequeue(rank, job.step(rank, 20, start))
+    return replace(settle(job, t + 0.2), run_dir=run_dir)
+
+
+class SyntheticSource:
+    """Serves the same snapshot on every poll, as a finished run dir would, and
+    its verdicts from the real analysis."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.fixed = snapshot
+
+    def snapshot(self) -> Snapshot:
+        return self.fixed
+
+    def verdicts(self, snapshot: Snapshot) -> list[Verdict]:
+        return analyze(snapshot)
+
+
+class RecordingController:
+    """A test double for the controller `diag launch` passes: records what the TUI asks."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.blocking: set[int] = set()
+
+    def toggle_launch_blocking(self, rank: int) -> bool:
+        self.calls.append(("toggle_launch_blocking", rank))
+        self.blocking ^= {rank}
+        return rank in self.blocking
+
+    def restart(self) -> None:
+        self.calls.append(("restart",))
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+
+
+def screen_text(app) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+async def started(app, pilot) -> None:
+    """Wait until the first poll has reached the screen."""
+    while app.snapshot is None:
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+# -- the grid model
+
+def test_grid_model_states_for_rank6_fault():
+    snapshot = rank6_never_reached()
+    model = build_grid(snapshot, analyze(snapshot))
+    assert not model.grouped
+    assert [row.stage for row in model.rows] == [0, 1, 2, 3]
+    assert model.cells[6].state == CULPRIT
+    assert {model.cells[rank].state for rank in (0, 1, 2, 3, 4, 5, 7)} == {WAITING}
+    assert (model.cells[7].phase, model.cells[7].step) == ("forward", 0)
+    assert model.cells[7].last_collective == "tp3 all_reduce #0 waiting"
+    assert model.cells[6].heartbeat_age == pytest.approx(0.05)
+
+
+def test_grid_model_no_fault_states():
+    snapshot = no_fault()
+    model = build_grid(snapshot, analyze(snapshot))
+    assert [model.cells[rank].state for rank in range(TP * PP)] == [IDLE] * 6 + [RUNNING] * 2
+
+
+def test_grid_model_filter_and_moves():
+    snapshot = rank6_never_reached()
+    verdicts = analyze(snapshot)
+    assert build_grid(snapshot, verdicts, "culprit").selectable_rows() == [[6]]
+    assert build_grid(snapshot, verdicts, "forw").selectable_rows() == [[7]]
+    model = build_grid(snapshot, verdicts)
+    assert move(model, 0, 1, 0) == 1 and move(model, 1, 1, 0) == 1
+    assert move(model, 1, 0, 3) == 7 and move(model, 7, 0, 5) == 7
+    assert move(model, None, 0, 1) == 0
+
+
+def test_grid_groups_many_ranks_and_keeps_the_culprit_named():
+    job = Job(tp=16, pp=8)
+    t = job.everyone_started()
+    for rank in job.ranks:
+        job.dequeue(rank, t)
+    job.ranks[90].alive = False
+    verdict = Verdict("never_reached", [70], [71, 72], "rank 70 never reached execute_model")
+    model = build_grid(settle(job, t + 1.0), [verdict])
+    assert model.grouped
+    described = [(line.first_stage, line.last_stage, line.counts, line.named) for line in model.groups]
+    assert described == [
+        (0, 3, {IDLE: 16}, {}),
+        (4, 4, {CULPRIT: 1, WAITING: 2, IDLE: 13}, {CULPRIT: [70]}),
+        (5, 5, {DEAD: 1, IDLE: 15}, {DEAD: [90]}),
+        (6, 7, {IDLE: 16}, {}),
+    ]
+    assert model.groups[1].ranks[:3] == [70, 71, 72]
+
+
+def test_log_tail_prefers_the_rank_output_then_its_nccl_log(tmp_path):
+    assert read_log_tail(str(tmp_path), 3).name is None
+    (tmp_path / "nccl-rank-3.log").write_text("".join(f"NCCL INFO line {i}\n" for i in range(100)))
+    tail = read_log_tail(str(tmp_path), 3)
+    assert tail.name == "nccl-rank-3.log" and tail.lines[-1] == "NCCL INFO line 99" and len(tail.lines) == 20
+    (tmp_path / "rank-3.log").write_text("loading weights\n")
+    assert read_log_tail(str(tmp_path), 3).lines == ["loading weights"]
+
+
+# -- the app, through Pilot
+
+@pytest.mark.anyio
+async def test_culprit_cell_verdict_and_stack_on_screen():
+    app = DiagApp(SyntheticSource(rank6_never_reached()))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        text = screen_text(app)
+        assert "rank 6 (pp 3/4, tp 0) never reached execute_model" in text
+        assert "▸rank 6  CULPRIT" in text  # the culprit is selected from the start
+        assert "rank 7  WAITING" in text and "rank 0  WAITING" in text
+        assert app.query_one(RankDetail).view.state.identity.rank == 6
+        assert "stack (dump)" in text and "diagnose/faults.py:170 block_forever" in text
+        assert "read-only" in text
+
+
+@pytest.mark.anyio
+async def test_no_fault_says_no_hang():
+    app = DiagApp(SyntheticSource(no_fault()))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        text = screen_text(app)
+        assert "no hang detected" in text
+        assert text.count(f"  {RUNNING}") == 2 and text.count(f"  {IDLE}") == 6
+
+
+@pytest.mark.anyio
+async def test_keys_move_selection_and_show_the_log(tmp_path):
+    (tmp_path / "rank-7.log").write_text("loading weights\nstep 0: waiting on tp3\n")
+    app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        grid = app.query_one(RankGrid)
+        await pilot.press("l")
+        assert grid.selected == 7
+        await pilot.press("k", "h")
+        assert grid.selected == 4
+        await pilot.press("down", "right")
+        assert grid.selected == 7
+        await pilot.pause(0.4)  # the next poll reads rank 7's log
+        text = screen_text(app)
+        assert "log (rank-7.log)" in text and "step 0: waiting on tp3" in text
+        assert "stack (probe)" in text and "engine/communicator.py:52 all_reduce" in text  # no dump
+        await pilot.press("enter")
+        assert app.focused is app.query_one(RankDetail)
+
+
+@pytest.mark.anyio
+async def test_filter_by_state():
+    app = DiagApp(SyntheticSource(rank6_never_reached()))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await pilot.press("slash", *"forward", "enter")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "rank 7  WAITING" in text
+        assert "rank 6  CULPRIT" not in text and "rank 0  WAITING" not in text
+        assert app.query_one(RankGrid).selected == 7
+        assert "filter: forward" in text
+        await pilot.press("slash", *"culprit", "enter")
+        await pilot.pause()
+        assert "rank 6  CULPRIT" in screen_text(app) and "rank 7  WAITING" not in screen_text(app)
+
+
+@pytest.mark.anyio
+async def test_controller_keys_and_quit_modal_stop():
+    controller = RecordingController()
+    app = DiagApp(SyntheticSource(rank6_never_reached()), controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await pilot.press("b")
+        assert controller.calls == [("toggle_launch_blocking", 6)]
+        await pilot.pause()
+        assert "CUDA_LAUNCH_BLOCKING=1 at the next restart: rank 6" in str(app.query_one("#status", Static).content)
+        await pilot.press("r")
+        await app.workers.wait_for_complete()
+        assert ("restart",) in controller.calls
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        assert "stop the job, or leave it running?" in screen_text(app)
+        await pilot.press("s")
+        await pilot.pause()
+    assert controller.calls[-1] == ("stop",)
+    assert app.return_code == 0
+
+
+@pytest.mark.anyio
+async def test_quit_modal_leave_running_and_cancel():
+    controller = RecordingController()
+    app = DiagApp(SyntheticSource(rank6_never_reached()), controller)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await pilot.press("q", "escape")
+        assert not isinstance(app.screen, QuitScreen) and app.is_running
+        await pilot.press("q", "l")
+        await pilot.pause()
+    assert controller.calls == []
+
+
+@pytest.mark.anyio
+async def test_without_controller_b_and_r_say_so_and_q_quits_at_once():
+    app = DiagApp(SyntheticSource(rank6_never_reached()))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await started(app, pilot)
+        await pilot.press("b")
+        assert any("attached read-only" in n.message for n in app._notifications)
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+class StallingSource(SyntheticSource):
+    """Answers once; then every read blocks (as on a hung network mount) or fails."""
+
+    def __init__(self, snapshot: Snapshot, fail: bool) -> None:
+        super().__init__(snapshot)
+        self.fail = fail
+        self.reads = 0
+        self.release = threading.Event()
+
+    def snapshot(self) -> Snapshot:
+        self.reads += 1
+        if self.reads > 1 and self.fail:
+            raise OSError("run dir gone")
+        if self.reads > 1:
+            self.release.wait()
+        return self.fixed
+
+
+@pytest.mark.anyio
+async def test_a_blocked_read_never_blocks_the_screen():
+    source = StallingSource(rank6_never_reached(), fail=False)
+    app = DiagApp(source)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await started(app, pilot)
+            await pilot.pause(4 * POLL_INTERVAL_S)
+            assert source.reads == 2  # one read in flight at a time, no pile-up
+            await pilot.press("l")
+            assert app.query_one(RankGrid).selected == 7
+            assert "rank 7 · stage 3 · tp 1 · WAITING" in screen_text(app)
+    finally:
+        source.release.set()
+
+
+@pytest.mark.anyio
+async def test_a_failed_read_keeps_the_last_snapshot_and_says_why():
+    app = DiagApp(StallingSource(rank6_never_reached(), fail=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await until(pilot, lambda: "reading the run dir failed: run dir gone" in str(app.query_one("#status", Static).content))
+        assert "▸rank 6  CULPRIT" in screen_text(app)
+
+
+# -- screens
+
+def test_screen_rank6_never_reached(snap_compare):
+    assert snap_compare(DiagApp(SyntheticSource(rank6_never_reached())), terminal_size=SIZE,
+                        run_before=wait_for_first_poll)
+
+
+def test_screen_no_fault(snap_compare):
+    assert snap_compare(DiagApp(SyntheticSource(no_fault())), terminal_size=SIZE,
+                        run_before=wait_for_first_poll)
+
+
+async def wait_for_first_poll(pilot) -> None:
+    await started(pilot.app, pilot)
+
+
+# -- a real run dir: two probed processes, the real collector, dumps and py-spy
+
+PROBED_RANK = """
+import sys, time
+from diagnose import probe
+rank = int(sys.argv[1])
+probe.init("worker", rank=rank, world_size=2, tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1)
+with probe.phase("warmup"):
+    pass
+def wait_for_work():
+    with probe.phase("dequeue", step=0):
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.02)
+wait_for_work()
+"""
+
+
+@pytest.fixture
+def probed_run(tmp_path):
+    """A run dir with two live ranks idle in dequeue, each logging to rank-R.log."""
+    env = dict(os.environ, DIAG_RUN_DIR=str(tmp_path))
+    procs = []
+    try:
+        for rank in range(2):
+            log = open(tmp_path / f"rank-{rank}.log", "w")
+            procs.append(subprocess.Popen([sys.executable, "-c", PROBED_RANK, str(rank)], env=env,
+                                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        deadline = time.monotonic() + 30
+        while not all("ready" in (tmp_path / f"rank-{r}.log").read_text() for r in range(2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        yield tmp_path
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.anyio
+async def test_live_run_dir_dump_py_spy_and_log(probed_run):
+    app = DiagApp(open_run_dir(str(probed_run)))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        assert "rank 0  IDLE" in screen_text(app) and "rank 1  IDLE" in screen_text(app)
+        await pilot.press("d")
+        await until(pilot, lambda: "stack (dump)" in screen_text(app))
+        assert "wait_for_work" in screen_text(app)
+        await until(pilot, lambda: "log (rank-0.log)" in screen_text(app))
+        assert "ready" in screen_text(app)
+        await pilot.press("l", "s")
+        await until(pilot, lambda: "stack (py-spy)" in screen_text(app))
+        text = screen_text(app)
+        assert "rank 1 · stage 0 · tp 1" in text and "wait_for_work" in text
+
+
+async def until(pilot, condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the screen never showed it"
+        await pilot.pause(0.05)
+
+
+# -- `diag tui` on a bad run dir
+
+@pytest.mark.parametrize("make, says", [("missing", "no run dir at"),
+                                        ("file", "is not a run dir"),
+                                        ("empty", "no readable probe file in"),
+                                        ("unreadable", "cannot read any probe file")])
+def test_bad_run_dir_is_one_line(tmp_path, make, says):
+    run_dir = tmp_path / "run"
+    if make == "file":
+        run_dir.write_text("not a dir")
+    elif make != "missing":
+        run_dir.mkdir()
+    if make == "unreadable":
+        (run_dir / "rank-0.probe").write_bytes(b"\x07" * 64)
+    result = subprocess.run([sys.executable, "-m", "diagnose.cli", "tui", str(run_dir)],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("diag: error: ")
+    assert says in result.stderr
