@@ -52,7 +52,8 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
     if view.deaths:
         # A job that hung and was then stopped: the hang, seen as it stood just
         # before the first death, is the cause, and the deaths came after it.
-        first_death = min(death.at for death in view.deaths.values())
+        first_death = min([death.at for death in view.deaths.values()]
+                          + _shutdown_starts(snapshot))
         before = rewind(snapshot, first_death)
         hangs = hang_verdicts(View(before), StallLimits(before, thresholds))
         for verdict in hangs:
@@ -170,21 +171,41 @@ def _groups(snapshot: Snapshot) -> dict[str, list[int]]:
 def _deaths(snapshot: Snapshot) -> dict[Node, Death]:
     """Dead processes, each dated by its last heartbeat: the driver notices a
     worker's exit only when it next looks, and notes only the first it finds.
-    The driver's own exit code is the wrapped command's."""
+    The driver's own exit code is the wrapped command's. When the command
+    ended with 0, a process that is gone simply finished."""
+    if snapshot.command_exit == 0:
+        return {}
     exits = {}
     if snapshot.driver is not None:
         exits = {exit.rank: exit for exit in snapshot.driver.worker_exits}
+    stopping = _driver_shutting_down(snapshot)
     deaths: dict[Node, Death] = {}
     for rank, state in snapshot.ranks.items():
         if rank in exits:
             exit = exits[rank]
             deaths[rank] = Death(rank, min(exit.at, state.heartbeat_at), exit.exitcode)
-        elif not state.alive:
+        elif not state.alive and not stopping:
             deaths[rank] = Death(rank, state.heartbeat_at, None)
     driver = snapshot.driver
     if driver is not None and not driver.alive:
         deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
     return deaths
+
+
+def _shutdown_starts(snapshot: Snapshot) -> list[float]:
+    """When the driver began to stop its workers (a list: empty, or one time)."""
+    driver = snapshot.driver
+    if driver is None:
+        return []
+    just_before = 1e-3
+    return [event.start - just_before for event in driver.open_phases + driver.phases
+            if event.name == "shutdown"][:1]
+
+
+def _driver_shutting_down(snapshot: Snapshot) -> bool:
+    """The driver has begun to stop its workers: a worker that is gone now went
+    because it was told to, unless the driver recorded its exit as a failure."""
+    return bool(_shutdown_starts(snapshot))
 
 
 # Where a process is and when it last moved.
@@ -503,6 +524,9 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return None                      # an idle driver: the server has nothing to do
     if not has_phase and not victims and state.identity.role != "worker":
         return None                      # nothing says this process should be doing anything
+    if not has_phase and (view.snapshot.command_exit is not None
+                          or _driver_shutting_down(view.snapshot)):
+        return None                      # the job is ending: the rank is on its way out
     stall = view.now - _stalled_since(view, node, victims)
     if stall < limits.limit(limit_phase(view, node)):
         return None
@@ -515,8 +539,9 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     evidence = _evidence(view, state)
     if node == DRIVER:
         evidence["culprit"] = DRIVER
+    phase = reached if kind == "never_reached" else _phase_name(state)
     return Verdict(kind=kind, culprit_ranks=_ranks_of({node}), victim_ranks=_ranks_of(victims),
-                   summary=summary, phase=_phase_name(state), step=step,
+                   summary=summary, phase=phase, step=step,
                    group=group, seq=seq, detected_after_s=round(stall, 3), evidence=evidence)
 
 

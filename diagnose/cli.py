@@ -149,18 +149,19 @@ def _launch_options(parser) -> None:
       help="inject a fault: rank=R,at=PHASE[,step=N],kind=hang|sleep:S|crash|exit:C|"
            "skip_collective|skip_broadcast (repeatable)")
     a("--json-report", metavar="FILE", help="also write the report's JSON here")
+    a("--tui", action="store_true", help="show the live TUI in front of the command")
 
 
 def launch_command(args) -> int:
     from diagnose.launch import Launcher
-    from diagnose.live import print_outcome, run_with_live_view
+    from diagnose.live import print_outcome, run_with_live_view, run_with_tui
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("launch needs a command after --, e.g. diag launch -- python -m engine serve")
     launcher = Launcher(_launch_options_of(args, command))
     try:
-        outcome = run_with_live_view(launcher)
+        outcome = run_with_tui(launcher) if args.tui else run_with_live_view(launcher)
     except FileNotFoundError as error:
         raise UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
     print_outcome(launcher, outcome)

@@ -18,6 +18,7 @@ import psutil
 from diagnose import runfile
 from diagnose.snapshot import FaultRecord, Identity, RankState, Snapshot
 
+EXIT_FILE = "exit.json"  # written by diag launch when the command ends
 HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
 REMOTE_ALIVE_S = 2.0     # a rank on another host counts as alive while its heartbeat is this fresh
 SAME_PROCESS_S = 0.5     # create times closer than this are the same process, not pid reuse
@@ -50,7 +51,16 @@ class Collector:
             else:
                 ranks[state.identity.rank] = state
         return Snapshot(taken_at=time.time(), run_dir=self.run_dir,
-                        ranks=dict(sorted(ranks.items())), driver=driver)
+                        ranks=dict(sorted(ranks.items())), driver=driver,
+                        command_exit=self._command_exit())
+
+    def _command_exit(self) -> int | None:
+        """The wrapped command's exit code, once `diag launch` has seen it end."""
+        try:
+            with open(os.path.join(self.run_dir, EXIT_FILE)) as f:
+                return int(json.load(f)["command_exit"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _read(self, path: str) -> RankState | None:
         try:

@@ -1,7 +1,8 @@
-"""Fault injection for tests and demos: DIAG_FAULT="rank=R,at=PHASE[,step=N],kind=K;...".
+"""Fault injection for tests and demos: DIAG_FAULT="rank=R,at=PHASE[,step=N|all],kind=K;...".
 
 A fault fires once, just before its rank enters phase `at`: the first time, or
-the first time with step argument N. Kinds:
+the first time with step argument N; with step=all it fires on every entry
+(kind=sleep:S with step=all makes a straggler). Kinds:
 
   hang             block forever (the heartbeat thread keeps beating)
   sleep:SECONDS    block that long, then go on (a straggler)
@@ -25,7 +26,7 @@ from diagnose.snapshot import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES
 ENV_VAR = "DIAG_FAULT"
 KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast")
 KNOWN_PHASES = tuple(dict.fromkeys(STARTUP_PHASES + STEP_PHASES + DRIVER_PHASES))
-FORMAT = "rank=R,at=PHASE[,step=N],kind=K"
+FORMAT = "rank=R,at=PHASE[,step=N|all],kind=K"
 
 
 class FaultSpecError(ValueError):
@@ -39,6 +40,7 @@ class FaultSpec:
     kind: str
     step: int | None = None
     arg: float | None = None  # sleep: seconds, exit: the exit code
+    every: bool = False       # step=all: fire on every entry of the phase
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -48,12 +50,13 @@ class FaultSpec:
             raise FaultSpecError(f"fault spec {text!r}: missing {', '.join(missing)} "
                                  f"(expected {FORMAT})")
         kind, arg = _kind(text, fields["kind"])
-        return cls(rank=_rank(text, fields["rank"]), at=_phase(text, fields["at"]),
-                   kind=kind, step=_step(text, fields.get("step")), arg=arg)
+        every = fields.get("step") == "all"
+        return cls(rank=_rank(text, fields["rank"]), at=_phase(text, fields["at"]), kind=kind,
+                   step=None if every else _step(text, fields.get("step")), arg=arg, every=every)
 
     def __str__(self) -> str:
         rank = "driver" if self.rank is None else str(self.rank)
-        step = "" if self.step is None else f",step={self.step}"
+        step = ",step=all" if self.every else "" if self.step is None else f",step={self.step}"
         kind = self.kind
         if self.kind == "sleep":
             kind = f"sleep:{self.arg:g}"
@@ -146,6 +149,8 @@ class FaultPlan:
         if not specs:
             return None
         for spec in specs:
+            if spec.every:
+                return spec
             if spec.step is None or spec.step == step:
                 specs.remove(spec)
                 if not specs:

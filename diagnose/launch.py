@@ -21,12 +21,13 @@ import psutil
 
 from diagnose import faults, probe, rank_env, report
 from diagnose.analysis import analyze
-from diagnose.collector import Collector, request_dump
+from diagnose.collector import EXIT_FILE, Collector, request_dump
 from diagnose.snapshot import Snapshot, Verdict
 from diagnose.dump import py_spy_all
 from diagnose.thresholds import Thresholds
 
 EXIT_HUNG = 86          # the launcher ended the run because it hung
+EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI)
 POLL_S = 0.25
 STOP_GRACE_S = 10.0
 HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers",
@@ -72,14 +73,15 @@ class Launcher:
         self.thresholds = opts.thresholds
         for spec in opts.faults:  # bad settings fail here, before anything starts
             faults.parse_faults(spec)
-        if opts.launch_blocking:
-            rank_env.parse_ranks(opts.launch_blocking)
         os.makedirs(opts.run_dir, exist_ok=True)
         self.collector = Collector(opts.run_dir)
         self.proc: subprocess.Popen | None = None
         self.reported: set[tuple] = set()
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
+        chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
+        self.blocking: set[int] = set(chosen or ())
+        self._stop, self._restart = threading.Event(), threading.Event()
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
@@ -138,24 +140,55 @@ class Launcher:
         return fresh
 
     def run(self, on_update=lambda launcher: None) -> Outcome:
-        """Start the command and watch it until it ends, or until a hang ends it."""
+        """Start the command and watch it until it ends, a hang ends it, or stop()."""
         self.start()
         try:
             while self.proc.poll() is None:
+                if self._restart.is_set():
+                    self._restart_command()
+                if self._stop.is_set():
+                    return self._end(EXIT_STOPPED)
                 self.poll()
                 on_update(self)
                 if self.new_hangs() and self.opts.on_hang != "wait":
                     self.write_report(dump=True)
                     if self.opts.on_hang == "kill":
-                        self.stop()
-                        return Outcome(EXIT_HUNG, self.verdicts, self.report_path)
+                        return self._end(EXIT_HUNG)
                 time.sleep(POLL_S)
             self.poll()
             on_update(self)
             self.write_report(dump=False)
-            return Outcome(self.proc.returncode, self.verdicts, self.report_path)
+            return self._end(self.proc.returncode)
         finally:
             self.stop()
+
+    def _end(self, exit_code: int) -> Outcome:
+        self.stop()
+        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode})
+        return Outcome(exit_code, self.verdicts, self.report_path)
+
+    # -- the TUI's controller -------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def toggle_launch_blocking(self, rank: int) -> bool:
+        """CUDA_LAUNCH_BLOCKING for `rank` on the next restart; returns its new setting."""
+        self.blocking ^= {rank}
+        self.opts.launch_blocking = ",".join(map(str, sorted(self.blocking))) or None
+        return rank in self.blocking
+
+    def restart(self) -> None:
+        self._restart.set()
+
+    def _restart_command(self) -> None:
+        self._restart.clear()
+        self.stop()
+        for name in os.listdir(self.opts.run_dir):
+            if name.endswith(".probe") or name.startswith("stacks-"):
+                os.remove(os.path.join(self.opts.run_dir, name))
+        self.collector = Collector(self.opts.run_dir)
+        self.reported.clear()
+        self.start()
 
     # -- dumps and the report -------------------------------------------
     @property
@@ -163,17 +196,16 @@ class Launcher:
         return os.path.join(self.opts.run_dir, "report.json")
 
     def write_report(self, dump: bool) -> dict:
+        """The verdicts of the last poll, with every rank's stacks when dump is set."""
         notes = list(self.collector.notes)
-        stacks = {}
+        body = report.to_json(self.snapshot, self.verdicts)
+        body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
             notes += request_dump(self.opts.run_dir)
-            self.poll()  # pick up the stacks files the ranks just wrote
-            stacks, spy_notes = py_spy_all(self.snapshot)
+            dumped = self.collector.snapshot()  # holds the stacks files the ranks just wrote
+            body["stacks"] = self._stacks(dumped)
+            body["py_spy"], spy_notes = py_spy_all(dumped)
             notes += spy_notes
-        body = report.to_json(self.snapshot, self.verdicts)
-        body["stacks"] = {str(rank): state.stacks for rank, state in self.snapshot.ranks.items()
-                          if state.stacks}
-        body["py_spy"] = stacks
         body["notes"] = notes
         body["command_exit"] = self.snapshot.command_exit
         self._write_json("report.json", body)
@@ -181,6 +213,10 @@ class Launcher:
             with open(self.opts.json_report, "w") as f:
                 json.dump(body, f, indent=1, default=str)
         return body
+
+    @staticmethod
+    def _stacks(snapshot: Snapshot) -> dict:
+        return {str(rank): state.stacks for rank, state in snapshot.ranks.items() if state.stacks}
 
     def _write_json(self, name: str, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, name), "w") as f:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 # Phases the engine marks, in the order a rank meets them.
 STARTUP_PHASES = ("init_distributed", "load_weights", "init_kv_cache", "warmup")
 STEP_PHASES = ("dequeue", "execute_model", "pp_recv", "forward", "pp_send", "sample")
-DRIVER_PHASES = ("schedule", "execute_model", "update_from_output")
+DRIVER_PHASES = ("schedule", "execute_model", "update_from_output", "shutdown")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import socket
+import time
 from multiprocessing.connection import wait
 
 import torch
@@ -105,9 +106,16 @@ class Executor:
     def shutdown(self) -> None:
         if self.ring is None:
             return
+        with probe.phase("shutdown"):
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Workers leave their loop when the ring closes; a worker stuck elsewhere
+        (in a collective with a dead peer, say) is killed after a grace period."""
         self.ring.close()
+        deadline = time.monotonic() + (1.0 if self.dead else 5.0)
         for proc in self.procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()

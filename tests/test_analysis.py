@@ -39,7 +39,8 @@ def test_a_rank_stuck_in_startup_never_reaches_execute_model():
     verdict = only(analyze(job.snapshot()), "never_reached")
     assert verdict.culprit_ranks == [6]
     assert verdict.victim_ranks == [0, 1, 2, 3, 4, 5, 7]
-    assert verdict.phase == "init_kv_cache"
+    assert verdict.phase == "execute_model"                 # the phase it never reached
+    assert verdict.evidence["open_phases"] == ["init_kv_cache"]
     assert verdict.detected_after_s == pytest.approx(41.0)
     assert verdict.evidence["frame"] == "engine/worker.py:88 init_kv_cache"
     assert verdict.summary == (
@@ -59,7 +60,8 @@ def test_a_rank_that_never_took_its_first_step_is_named_from_when_peers_started(
 
     verdict = only(analyze(job.snapshot()), "never_reached")
     assert verdict.culprit_ranks == [6]
-    assert verdict.phase == "dequeue"
+    assert verdict.phase == "execute_model"
+    assert verdict.evidence["open_phases"] == ["dequeue[0]"]
     assert 4.5 < verdict.detected_after_s < 5.0              # since step 0 began, not since 14.0
 
 
@@ -79,7 +81,8 @@ def test_a_rank_hung_on_entering_a_start_up_phase_is_named_without_any_phase_ope
     job.driver.ring_written = 1
 
     verdict = only(analyze(job.snapshot()), "never_reached")
-    assert verdict.culprit_ranks == [6] and verdict.phase is None
+    assert verdict.culprit_ranks == [6] and verdict.phase == "init_kv_cache"
+    assert verdict.evidence["open_phases"] == []
     assert verdict.detected_after_s == pytest.approx(47.0)   # since it left dequeue at 13.0
     assert "never reached init_kv_cache: stuck after dequeue for 47 s" in verdict.summary
     job.now = 30.0                                           # 17 s: within start-up's limit
@@ -230,6 +233,42 @@ def test_a_clean_shutdown_is_no_verdict():
     job.command_exit = 0
     job.now = t + 5.0
     assert analyze(job.snapshot()) == []
+
+
+def test_ranks_leaving_while_the_driver_shuts_down_are_no_verdict():
+    """Workers that exit (or linger in their exit path) once the driver began its
+    shutdown went because they were told to."""
+    job = Job()
+    t = job.healthy(3, job.everyone_started())
+    job.phase(job.driver, "shutdown", t + 0.5)
+    for rank in range(4):
+        job.ranks[rank].alive = False
+        job.ranks[rank].heartbeat_at = t + 0.6
+    job.now = t + 5.0
+    assert analyze(job.snapshot()) == []
+
+
+def test_a_hang_stopped_by_a_shutdown_is_judged_from_before_it():
+    """diag launch stopped a job whose rank 6 never reached execute_model: every
+    process then went, the driver last; the hang is still what is named."""
+    job = Job(now=90.0)
+    for rank in job.ranks:
+        if rank != 6:
+            job.startup(rank, 10.0)
+    job.startup(6, 10.0, stop_in="init_kv_cache")
+    job.driver_step(0, 15.0, None)
+    for rank in (0, 1, 2, 3, 5):
+        idle_after(job, rank, job.step(rank, 0, 15.02 + rank // 2 * 0.05))
+    job.step(4, 0, 15.12, stop="pp_send")
+    job.step(7, 0, 15.17, stop="forward")
+    job.phase(job.driver, "shutdown", 60.0)
+    for rank in job.ranks:
+        job.ranks[rank].alive = False
+        job.ranks[rank].heartbeat_at = 60.2
+    job.driver.alive = False
+    job.driver.heartbeat_at = 61.0
+    verdict = only(analyze(job.snapshot()), "never_reached")
+    assert verdict.culprit_ranks == [6]
 
 
 def straggler_job():

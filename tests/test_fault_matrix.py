@@ -1,0 +1,119 @@
+"""The fault matrix: the real engine at tp=2 pp=4 (8 worker processes, gloo)
+under `diag launch`, one injected fault each; the report must name exactly the
+culprit, within 5 s of the stall, with every live rank's stacks, and leave no
+process behind. `diag analyze` on the run dir must agree afterwards."""
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+ENGINE = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
+          "-pp", "4", "--ignore-eos"]
+PROMPTS = ["--prompt", "Where does the pipeline stop?", "--prompt", "Which rank is late?"]
+
+
+def _run_dir_processes(run_dir: str) -> list[psutil.Process]:
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DIAG_RUN_DIR") == run_dir:
+                left.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return left
+
+
+def launch(tmp_path, fault: str | None, engine_args: list[str], timeout: int = 240) -> dict:
+    run_dir = str(tmp_path / "run")
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
+           "--run-dir", run_dir, "--json-report", str(report)]
+    cmd += ["--fault", fault] if fault else []
+    proc = subprocess.run(cmd + ["--", *ENGINE, *engine_args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert not _run_dir_processes(run_dir), "processes of the run are still alive"
+    body = json.loads(report.read_text())
+    body["exit_code"], body["run_dir"], body["stderr"] = proc.returncode, run_dir, proc.stderr
+    return body
+
+
+def kinds(body: dict) -> list[tuple[str, list[int]]]:
+    return [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]]
+
+
+def analyze_again(run_dir: str) -> list[tuple[str, list[int]]]:
+    proc = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", run_dir, "--json"],
+                          capture_output=True, text=True, timeout=60)
+    return [(v["kind"], v["culprit_ranks"]) for v in json.loads(proc.stdout)["verdicts"]]
+
+
+def assert_hang_report(body: dict, kind: str, culprit: int) -> dict:
+    assert kinds(body) == [(kind, [culprit])], body["stderr"][-3000:]
+    verdict = body["verdicts"][0]
+    assert verdict["detected_after_s"] <= 5
+    assert body["exit_code"] == 86
+    live = {row["rank"] for row in body["ranks"] if row["state"] != "dead"}
+    assert live <= {int(rank) for rank in body["stacks"]}
+    assert analyze_again(body["run_dir"]) == [(kind, [culprit])]
+    return verdict
+
+
+def rows(body: dict) -> dict[int, dict]:
+    return {row["rank"]: row for row in body["ranks"]}
+
+
+def test_rank6_never_reaches_execute_model(tmp_path):
+    body = launch(tmp_path, "rank=6,at=execute_model,step=0,kind=hang",
+                  PROMPTS + ["--max-tokens", "32"])
+    verdict = assert_hang_report(body, "never_reached", 6)
+    assert verdict["phase"] == "execute_model"
+    assert sorted(verdict["victim_ranks"]) == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_rank4_hangs_inside_execute_model(tmp_path):
+    body = launch(tmp_path, "rank=4,at=forward,step=5,kind=hang", PROMPTS + ["--max-tokens", "32"])
+    verdict = assert_hang_report(body, "stuck_in_phase", 4)
+    assert {6, 7} <= set(verdict["victim_ranks"])
+    assert rows(body)[6]["phase"] == rows(body)[7]["phase"] == "pp_recv"
+
+
+def test_rank5_skips_a_tp_collective(tmp_path):
+    body = launch(tmp_path, "rank=5,at=forward,step=4,kind=skip_collective",
+                  PROMPTS + ["--max-tokens", "32"])
+    verdict = assert_hang_report(body, "collective_missing_peers", 5)
+    assert verdict["group"] == "tp2" and verdict["seq"] is not None
+
+
+def test_rank2_killed(tmp_path):
+    body = launch(tmp_path, "rank=2,at=execute_model,step=3,kind=crash",
+                  PROMPTS + ["--max-tokens", "32"])
+    assert kinds(body) == [("dead", [2])], body["stderr"][-3000:]
+    assert "SIGKILL" in body["verdicts"][0]["summary"]
+    assert body["exit_code"] in (1, 86)
+    assert analyze_again(body["run_dir"]) == [("dead", [2])]
+
+
+def test_rank7_straggles(tmp_path):
+    body = launch(tmp_path, "rank=7,at=execute_model,step=all,kind=sleep:1.5",
+                  PROMPTS + ["--max-tokens", "6"])
+    assert kinds(body) == [("straggler", [7])], body["stderr"][-3000:]
+    assert body["exit_code"] == 0
+
+
+def test_rank3_stops_taking_the_broadcast(tmp_path):
+    body = launch(tmp_path, "rank=3,at=dequeue,step=6,kind=skip_broadcast",
+                  PROMPTS + ["--max-tokens", "32"])
+    assert_hang_report(body, "broadcast_not_consumed", 3)
+
+
+def test_long_chunked_prefill_traffic_gives_no_verdict(tmp_path):
+    """About a minute of traffic: long prompts cut into 32-token chunks."""
+    prompts = []
+    for i in range(32):
+        prompts += ["--prompt", f"request {i}: " + "a long prompt that needs many chunks " * 12]
+    body = launch(tmp_path, None, prompts + ["--max-tokens", "48",
+                                             "--max-num-batched-tokens", "32",
+                                             "--max-num-seqs", "8"], timeout=400)
+    assert kinds(body) == [] and body["exit_code"] == 0, body["stderr"][-3000:]
