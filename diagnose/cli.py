@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import signal
 import sys
 
 EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR = 0, 1, 2
@@ -239,7 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through the launcher's clean-up
+
+
 def main(argv: list[str] | None = None) -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)

@@ -8,6 +8,7 @@ when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from diagnose.thresholds import Thresholds
 EXIT_HUNG = 86          # the launcher ended the run because it hung
 EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI)
 POLL_S = 0.25
+PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers",
                         "collective_mismatch", "broadcast_not_consumed", "dead"})
@@ -88,7 +90,8 @@ class Launcher:
         log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
         self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_end_with_launcher)
         threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
         self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
                                          "started_at": time.time(), **_options_json(self.opts)})
@@ -225,6 +228,13 @@ class Launcher:
 
 def default_run_dir() -> str:
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _end_with_launcher() -> None:
+    """In the child before exec: SIGTERM it if the launcher dies, however it dies
+    (Linux); the engine then shuts its workers down."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_group(pid: int, sig: int) -> None:

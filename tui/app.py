@@ -158,6 +158,7 @@ class DiagApp(App):
         self.polling = False
         self.log_tail: LogTail | None = None
         self.spy_stacks: dict[int, tuple[str, list[str]]] = {}
+        self.culprit_was_named = False
 
     def compose(self) -> ComposeResult:
         yield VerdictBar(id="verdict")
@@ -232,8 +233,11 @@ class DiagApp(App):
         model = build_grid(self.snapshot, self.verdicts, self.query_text)
         grid = self.query_one(RankGrid)
         grid.model = model
-        if not any(grid.selected in ranks for ranks in model.selectable_rows()):
-            grid.selected = default_selection(model)
+        culprit_named = any(verdict.culprit_ranks for verdict in self.verdicts)
+        if (not any(grid.selected in ranks for ranks in model.selectable_rows())
+                or culprit_named and not self.culprit_was_named):
+            grid.selected = default_selection(model)  # jump to a culprit once it is named
+        self.culprit_was_named = culprit_named
         self.query_one(VerdictBar).verdicts = self.verdicts
         status = status_text(self.snapshot, self.controller, self.blocking, self.query_text)
         if self.read_error:

@@ -47,7 +47,7 @@ class RankGrid(Widget, can_focus=True):
         "rank-grid--running", "rank-grid--idle", "rank-grid--selected", "rank-grid--stage",
     }
 
-    model: reactive[GridModel | None] = reactive(None)
+    model: reactive[GridModel | None] = reactive(None, layout=True)  # its height follows the ranks
     selected: reactive[int | None] = reactive(None)
 
     class Selected(Message):

@@ -1,0 +1,59 @@
+"""diag launch --tui in a real pseudo-terminal over the real engine (tp=2 pp=4,
+rank 6 hangs before its first execute_model): the screen must show rank 6 as
+the culprit; q, then s (stop the job) must end everything."""
+import re
+import sys
+import time
+
+import pexpect
+import psutil
+import pyte
+
+COLUMNS, LINES = 160, 48
+
+
+class Terminal:
+    """A pty running the command, read through a VT100 emulator."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.screen = pyte.Screen(COLUMNS, LINES)
+        self.stream = pyte.ByteStream(self.screen)
+        self.child = pexpect.spawn(argv[0], argv[1:], env=env, dimensions=(LINES, COLUMNS))
+
+    def text(self) -> str:
+        return "\n".join(self.screen.display)
+
+    def wait_for(self, pattern: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.stream.feed(self.child.read_nonblocking(65536, timeout=0.2))
+            except pexpect.TIMEOUT:
+                pass
+            except pexpect.EOF:
+                break
+            if re.search(pattern, self.text()):
+                return self.text()
+        raise AssertionError(f"{pattern!r} not on screen:\n{self.text()}")
+
+
+def test_tui_names_rank6_and_quits_cleanly(tmp_path):
+    run_dir = str(tmp_path / "run")
+    argv = [sys.executable, "-m", "diagnose.cli", "launch", "--tui", "--run-dir", run_dir,
+            "--fault", "rank=6,at=execute_model,step=0,kind=hang", "--",
+            sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
+            "-pp", "4", "--prompt", "hello", "--max-tokens", "32"]
+    env = {"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "HOME": str(tmp_path)}
+    terminal = Terminal(argv, env)
+    try:
+        terminal.wait_for(r"rank 6 \(pp 3/4, tp 0\) never reached execute_model", 180)
+        terminal.wait_for(r"rank 6\s+CULPRIT", 10)
+        terminal.child.send("q")
+        terminal.wait_for(r"stop the job, or leave it running", 20)
+        terminal.child.send("s")
+        terminal.child.expect(pexpect.EOF, timeout=60)
+    finally:
+        terminal.child.close(force=True)
+    left = [p for p in psutil.process_iter(["environ"])
+            if (p.info["environ"] or {}).get("DIAG_RUN_DIR") == run_dir]
+    assert not left
