@@ -10,6 +10,7 @@ from engine.loader import resolve_model
 from engine.model_config import check_parallel
 from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerStats
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -69,6 +70,13 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
+
+    def stats(self) -> SchedulerStats:
+        return self.core.scheduler.stats()
+
+    def check_workers(self) -> None:
+        """Raise WorkerDiedError naming the first dead worker."""
+        self.core.executor.check_workers()
 
     def step(self) -> list[RequestOutput]:
         outputs = []

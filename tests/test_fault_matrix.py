@@ -109,9 +109,9 @@ def test_rank3_stops_taking_the_broadcast(tmp_path):
 
 
 def test_long_chunked_prefill_traffic_gives_no_verdict(tmp_path):
-    """About a minute of traffic: long prompts cut into 32-token chunks."""
+    """A minute or more of traffic: long prompts cut into 32-token chunks."""
     prompts = []
-    for i in range(32):
+    for i in range(64):
         prompts += ["--prompt", f"request {i}: " + "a long prompt that needs many chunks " * 12]
     body = launch(tmp_path, None, prompts + ["--max-tokens", "48",
                                              "--max-num-batched-tokens", "32",

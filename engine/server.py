@@ -1,0 +1,415 @@
+"""`python -m engine serve`: the OpenAI API over HTTP (aiohttp), in front of one LLMEngine.
+
+The LLMEngine is not thread-safe, so one thread (EngineLoop) makes every call
+into it: it takes new requests and aborts from a queue, runs engine steps while
+any request is unfinished (continuous batching: all requests share each step),
+and hands each step's text deltas back to the event loop, one asyncio queue per
+request. The event loop parses, tokenizes (the tokenizer is only read) and
+validates requests, and writes responses; a handler that ends early (its client went away) aborts its request.
+
+If a worker dies, the engine thread records the error (naming the rank), fails
+every request, shuts the engine down and refuses new requests; /health says why.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import signal
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from engine import metrics
+from engine import openai_protocol as protocol
+from engine.args import config_from_args
+from engine.executor import WorkerDiedError
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.model_config import ModelError
+from engine.openai_protocol import APIError, GenerateRequest, invalid
+from engine.sampling_params import SamplingParams
+
+IDLE_WORKER_CHECK_S = 0.5
+SHUTTING_DOWN = "the server is shutting down"
+
+
+@dataclass
+class Delta:
+    """What one engine step produced for one request, copied off the engine thread."""
+    text: str
+    num_tokens: int
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class _Add:
+    req_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    sink: asyncio.Queue
+
+
+@dataclass
+class _Abort:
+    req_id: str
+
+
+class EngineLoop:
+    """Runs the LLMEngine on its own thread; the methods without _ are for the event loop."""
+
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.loop = loop
+        self.inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self.sinks: dict[str, asyncio.Queue] = {}      # engine thread only
+        self.stats = engine.stats()     # replaced by the engine thread
+        self.error: str | None = None                  # why no request can be served any more
+        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def add(self, req_id: str, token_ids: list[int], params: SamplingParams) -> asyncio.Queue:
+        """Queue a request; its deltas (and at most one APIError) arrive on the returned queue."""
+        if self.error:
+            raise _unavailable(self.error)
+        sink: asyncio.Queue = asyncio.Queue()
+        self.inbox.put(_Add(req_id, token_ids, params, sink))
+        return sink
+
+    def abort(self, req_id: str) -> None:
+        self.inbox.put(_Abort(req_id))
+
+    def stop(self) -> None:
+        """End every request, shut the engine down and wait for the thread (blocks)."""
+        self.error = self.error or SHUTTING_DOWN
+        self.inbox.put(None)
+        self.thread.join()
+
+    # -- the engine thread ------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as error:  # a dead worker, or a bug: fail every request, hang none
+            self.error = str(error) if isinstance(error, WorkerDiedError) else \
+                f"the engine failed: {error!r}"
+            self._fail_all()
+            self.engine.shutdown()
+            self._refuse_until_stopped()
+        else:
+            self._fail_all()
+            self.engine.shutdown()
+
+    def _serve(self) -> None:
+        while True:
+            for command in self._commands(block=not self.engine.has_unfinished_requests()):
+                if command is None:
+                    return
+                self._apply(command)
+            self.stats = self.engine.stats()      # aborts free blocks too
+            if self.engine.has_unfinished_requests():
+                outputs = self.engine.step()
+                # Before the outputs: a client that saw its request end sees it gone here.
+                self.stats = self.engine.stats()
+                self._deliver([(self.sinks[o.req_id], _delta(o)) for o in outputs
+                               if o.req_id in self.sinks])
+                for output in outputs:
+                    if output.finished:
+                        self.sinks.pop(output.req_id, None)
+
+    def _commands(self, block: bool) -> list:
+        """The queued commands; when idle, wait for one, checking the workers meanwhile."""
+        commands = []
+        if block:
+            try:
+                commands.append(self.inbox.get(timeout=IDLE_WORKER_CHECK_S))
+            except queue.Empty:
+                self.engine.check_workers()
+        while not self.inbox.empty():
+            commands.append(self.inbox.get())
+        return commands
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if self.sinks.pop(command.req_id, None) is not None:
+                self.engine.abort_request(command.req_id)
+            return
+        try:
+            self.engine.add_request(command.token_ids, command.params, command.req_id)
+        except ValueError as error:
+            self._deliver([(command.sink, invalid(str(error)))])
+            return
+        self.sinks[command.req_id] = command.sink
+
+    def _fail_all(self) -> None:
+        self._deliver([(sink, _unavailable(self.error)) for sink in self.sinks.values()])
+        self.sinks.clear()
+
+    def _refuse_until_stopped(self) -> None:
+        while (command := self.inbox.get()) is not None:
+            if isinstance(command, _Add):
+                self._deliver([(command.sink, _unavailable(self.error))])
+
+    def _deliver(self, items: list[tuple[asyncio.Queue, Delta | APIError]]) -> None:
+        if items:
+            self.loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Delta | APIError]]) -> None:
+    for sink, item in items:
+        sink.put_nowait(item)
+
+
+def _delta(output: RequestOutput) -> Delta:
+    return Delta(output.new_text, len(output.new_token_ids), output.finished, output.finish_reason)
+
+
+def _unavailable(reason: str) -> APIError:
+    return APIError(503, reason, type="server_error", code="engine_unavailable")
+
+
+class OpenAIServer:
+    """The HTTP handlers. Everything here runs on the event loop."""
+
+    def __init__(self, engine_loop: EngineLoop, model_name: str):
+        self.engine_loop = engine_loop
+        self.engine = engine_loop.engine     # read-only here: tokenizer and limits
+        self.model_name = model_name
+        self.metrics = metrics.ServerMetrics()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_error_json])
+        app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+            web.get("/health", self.health),
+            web.get("/metrics", self.prometheus),
+        ])
+        return app
+
+    # -- small endpoints ----------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(protocol.model_list(self.model_name, self.engine.max_model_len))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.engine_loop.error:
+            raise _unavailable(self.engine_loop.error)
+        return web.json_response({"status": "ok"})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        text = metrics.render(self.model_name, self.engine_loop.stats, self.metrics)
+        return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    # -- generation -----------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        gen = protocol.parse_completion(await _json_body(request))
+        req_id, token_ids, params = self._prepare(gen, "cmpl")
+        deltas = self._generate(req_id, token_ids, params)
+        if gen.stream:
+            return await self._stream_completion(request, gen, req_id, len(token_ids), deltas)
+        text, num_tokens, finish_reason = await _collect(deltas)
+        return web.json_response(protocol.completion(
+            req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        gen = protocol.parse_chat(await _json_body(request))
+        req_id, token_ids, params = self._prepare(gen, "chatcmpl")
+        deltas = self._generate(req_id, token_ids, params)
+        if gen.stream:
+            return await self._stream_chat(request, gen, req_id, len(token_ids), deltas)
+        text, num_tokens, finish_reason = await _collect(deltas)
+        return web.json_response(protocol.chat_completion(
+            req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
+
+    def _prepare(self, gen: GenerateRequest, id_prefix: str) -> tuple[str, list[int], SamplingParams]:
+        if gen.model != self.model_name:
+            raise APIError(404, f"the model '{gen.model}' does not exist (this server has "
+                           f"'{self.model_name}')", "model", code="model_not_found")
+        token_ids = self._prompt_token_ids(gen)
+        max_len = self.engine.max_model_len
+        if len(token_ids) >= max_len:
+            raise APIError(400, f"the prompt has {len(token_ids)} tokens; this model's context "
+                           f"holds {max_len}", "messages" if gen.messages else "prompt",
+                           code="context_length_exceeded")
+        max_tokens = gen.max_tokens or max_len - len(token_ids)
+        if len(token_ids) + max_tokens > max_len:
+            raise APIError(400, f"max_tokens {max_tokens} plus the prompt's {len(token_ids)} tokens "
+                           f"exceed this model's context of {max_len} tokens", "max_tokens",
+                           code="context_length_exceeded")
+        return f"{id_prefix}-{uuid.uuid4().hex}", token_ids, gen.sampling_params(max_tokens)
+
+    def _prompt_token_ids(self, gen: GenerateRequest) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if gen.messages is not None:
+            try:
+                text = tokenizer.apply_chat_template(gen.messages)
+            except ModelError as error:
+                raise invalid(str(error), "messages") from None
+            return tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(gen.prompt, str):
+            return tokenizer.encode(gen.prompt)
+        vocab_size = self.engine.model_config.vocab_size
+        if not all(0 <= t < vocab_size for t in gen.prompt):
+            raise invalid(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+        return list(gen.prompt)
+
+    async def _generate(self, req_id: str, token_ids: list[int],
+                        params: SamplingParams) -> AsyncIterator[Delta]:
+        """The request's deltas until it finishes; leaving early aborts it."""
+        sink = self.engine_loop.add(req_id, token_ids, params)
+        last = time.monotonic()
+        first, finished = True, False
+        try:
+            while not finished:
+                item = await sink.get()
+                if isinstance(item, APIError):
+                    finished = True     # the engine thread has dropped it already
+                    raise item
+                if item.num_tokens:
+                    now = time.monotonic()
+                    latency = self.metrics.time_to_first_token if first else self.metrics.inter_token_latency
+                    latency.observe(now - last)
+                    first, last = False, now
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.engine_loop.abort(req_id)
+
+    async def _stream_completion(self, request: web.Request, gen: GenerateRequest, req_id: str,
+                                 num_prompt_tokens: int, deltas: AsyncIterator[Delta]) -> web.StreamResponse:
+        def chunk(delta: Delta) -> dict:
+            return protocol.completion(req_id, self.model_name, delta.text, delta.finish_reason,
+                                       chunk=True)
+
+        def usage_chunk(num_tokens: int) -> dict:
+            return protocol.completion(req_id, self.model_name, None, None,
+                                       protocol.usage(num_prompt_tokens, num_tokens), chunk=True)
+
+        return await _sse(request, gen.include_usage, deltas, chunk, usage_chunk)
+
+    async def _stream_chat(self, request: web.Request, gen: GenerateRequest, req_id: str,
+                           num_prompt_tokens: int, deltas: AsyncIterator[Delta]) -> web.StreamResponse:
+        def chunk(delta: Delta) -> dict:
+            return protocol.chat_chunk(req_id, self.model_name, {"content": delta.text} if delta.text else {},
+                                       delta.finish_reason)
+
+        def usage_chunk(num_tokens: int) -> dict:
+            return protocol.chat_chunk(req_id, self.model_name, None,
+                                       usage_json=protocol.usage(num_prompt_tokens, num_tokens))
+
+        role = protocol.chat_chunk(req_id, self.model_name, {"role": "assistant", "content": ""})
+        return await _sse(request, gen.include_usage, deltas, chunk, usage_chunk, first=role)
+
+
+async def _collect(deltas: AsyncIterator[Delta]) -> tuple[str, int, str | None]:
+    text, num_tokens, finish_reason = "", 0, None
+    async with aclosing(deltas):
+        async for delta in deltas:
+            text += delta.text
+            num_tokens += delta.num_tokens
+            finish_reason = delta.finish_reason
+    return text, num_tokens, finish_reason
+
+
+async def _sse(request: web.Request, include_usage: bool, deltas: AsyncIterator[Delta],
+               chunk: Callable[[Delta], dict], usage_chunk: Callable[[int], dict],
+               first: dict | None = None) -> web.StreamResponse:
+    """Stream `data: {json}` events, one per delta that has text or ends the request, then
+    the usage chunk if asked for, then `data: [DONE]`. The headers go out with the first
+    token, so that an error before it keeps its HTTP status; one after it becomes an
+    error event."""
+    async with aclosing(deltas):
+        head = await anext(deltas)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        try:
+            if first is not None:
+                await _send_event(response, first)
+            num_tokens = await _send_delta(response, head, chunk)
+            async for delta in deltas:
+                num_tokens += await _send_delta(response, delta, chunk)
+            if include_usage:
+                await _send_event(response, usage_chunk(num_tokens))
+        except APIError as error:
+            await _send_event(response, error.to_json())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _send_delta(response: web.StreamResponse, delta: Delta,
+                      chunk: Callable[[Delta], dict]) -> int:
+    """Send the delta if it has text or ends the request; returns its token count."""
+    if delta.text or delta.finished:
+        await _send_event(response, chunk(delta))
+    return delta.num_tokens
+
+
+async def _send_event(response: web.StreamResponse, body: dict) -> None:
+    await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+
+async def _json_body(request: web.Request):
+    try:
+        return json.loads(await request.read())
+    except ValueError as error:
+        raise invalid(f"the request body is not valid JSON: {error}") from None
+
+
+@web.middleware
+async def _error_json(request: web.Request, handler) -> web.StreamResponse:
+    """Every error as OpenAI's `{"error": {...}}`, aiohttp's own (404, 405) included."""
+    try:
+        return await handler(request)
+    except APIError as error:
+        return web.json_response(error.to_json(), status=error.status)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return web.json_response(APIError(error.status, error.reason).to_json(), status=error.status)
+
+
+# -- running the server ---------------------------------------------------------
+
+def serve(args) -> int:
+    engine = LLMEngine(config_from_args(args))
+    try:
+        asyncio.run(_serve_http(engine, args.host, args.port, args.served_model_name or args.model))
+    finally:
+        engine.shutdown()
+    return 0
+
+
+async def _serve_http(engine: LLMEngine, host: str, port: int, model_name: str) -> None:
+    loop = asyncio.get_running_loop()
+    engine_loop = EngineLoop(engine, loop)
+    runner = web.AppRunner(OpenAIServer(engine_loop, model_name).app(),
+                           handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    engine_loop.start()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        bound_host, bound_port = runner.addresses[0][:2]
+        print(f"serving {model_name!r} on http://{bound_host}:{bound_port}", flush=True)
+        await stop.wait()
+    finally:
+        await asyncio.to_thread(engine_loop.stop)
+        await runner.cleanup()

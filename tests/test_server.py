@@ -1,0 +1,394 @@
+"""`python -m engine serve` as a real process, driven by the official openai client and by raw HTTP.
+
+Servers are shared per module (start-up costs seconds); each one is stopped with
+SIGTERM in its fixture's finalizer, which then checks that the server, its workers
+and its shared memory are all gone.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO
+
+import aiohttp
+import openai
+import psutil
+import pytest
+
+from engine.loader import resolve_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_TIMEOUT_S = 120
+MAX_MODEL_LEN = 256
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    model: str
+    log: IO[bytes]
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-4000:]
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+
+def _start(model: str, *flags: str) -> Server:
+    log = tempfile.TemporaryFile()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", "0",
+           "--max-model-len", str(MAX_MODEL_LEN), *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    if not selector.select(timeout=START_TIMEOUT_S):
+        proc.kill()
+        raise AssertionError(f"server did not start within {START_TIMEOUT_S} s")
+    line = proc.stdout.readline().decode()
+    server = Server(proc, line.split(" on ")[-1].strip(), model, log)
+    if not line.startswith("serving"):
+        proc.wait(timeout=30)
+        raise AssertionError(f"server failed to start: {line!r}\n{server.stderr()}")
+    assert _get(server, "/health") == (200, '{"status": "ok"}')
+    return server
+
+
+def _stop(server: Server, sig: signal.Signals = signal.SIGTERM) -> None:
+    """The server must exit by itself on `sig`, and leave no process or shared memory."""
+    procs = [psutil.Process(server.proc.pid), *server.descendants()]
+    shm = {m.path for p in procs for m in _maps(p) if m.path.startswith("/dev/shm/")}
+    server.proc.send_signal(sig)
+    try:
+        code = server.proc.wait(timeout=30)
+    finally:
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for proc in alive:
+            proc.kill()
+    assert not alive, f"left behind: {alive}"
+    assert code == 0, server.stderr()
+    assert not [path for path in shm if os.path.exists(path)]
+    server.proc.stdout.close()
+    server.log.close()
+
+
+def _rank_pids(server: Server) -> list[int]:
+    """The workers in rank order: the executor spawns them one after another."""
+    children = psutil.Process(server.proc.pid).children()
+    workers = [p for p in children if "resource_tracker" not in " ".join(p.cmdline())]
+    return [p.pid for p in sorted(workers, key=lambda p: (p.create_time(), p.pid))]
+
+
+def _maps(proc: psutil.Process):
+    try:
+        return proc.memory_maps(grouped=False)
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    server = _start("tiny-llama", "-tp", "2", "-pp", "2")
+    yield server
+    _stop(server)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    server = _start("smollm2-135m")
+    yield server
+    _stop(server)
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _metrics(server: Server) -> dict[str, float]:
+    """/metrics as name -> value, labels dropped (so of a histogram, only _sum and _count)."""
+    text = _get(server, "/metrics")[1]
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    return values
+
+
+def _get(server: Server, path: str) -> tuple[int, str]:
+    async def get():
+        async with aiohttp.ClientSession() as session, session.get(server.url + path) as r:
+            return r.status, await r.text()
+    return asyncio.run(get())
+
+
+def _generate_cli(model: str, prompt: str, max_tokens: int, *flags: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", model, "--prompt", prompt,
+                          "--max-tokens", str(max_tokens), "--json", *flags],
+                         cwd=ROOT, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+# -- the openai client ------------------------------------------------------------
+
+def _check_completion_and_streamed_chat(server: Server) -> None:
+    client = _client(server)
+    done = client.completions.create(model=server.model, prompt="The capital of France is",
+                                     max_tokens=8, temperature=0)
+    choice = done.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert 1 <= done.usage.completion_tokens <= 8
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    tokenizer = resolve_model(server.model).tokenizer()
+    assert done.usage.prompt_tokens == len(tokenizer.encode("The capital of France is"))
+
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    whole = client.chat.completions.create(model=server.model, messages=messages, max_tokens=10,
+                                          temperature=0)
+    chunks = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=10,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == whole.choices[0].message.content
+    assert finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    chat_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+    assert whole.usage.prompt_tokens == len(chat_ids)
+
+
+def test_openai_client_tiny_llama_tp2_pp2(tiny):
+    _check_completion_and_streamed_chat(tiny)
+
+
+def test_openai_client_smollm2_tp1(smollm2):
+    _check_completion_and_streamed_chat(smollm2)
+
+
+def test_greedy_over_http_equals_generate_cli(smollm2):
+    prompt = "Once upon a time, there was a"
+    expected = _generate_cli("smollm2-135m", prompt, 16, "--max-model-len", str(MAX_MODEL_LEN))
+    got = _client(smollm2).completions.create(model=smollm2.model, prompt=prompt, max_tokens=16,
+                                               temperature=0)
+    assert got.choices[0].text == expected["text"]
+    assert got.usage.completion_tokens == len(expected["token_ids"])
+    assert got.choices[0].finish_reason == expected["finish_reason"]
+
+
+def test_greedy_tp2_pp2_over_http_equals_generate_cli(tiny):
+    prompt = "hello, world"
+    expected = _generate_cli("tiny-llama", prompt, 16, "-tp", "2", "-pp", "2")
+    got = _client(tiny).completions.create(model=tiny.model, prompt=prompt, max_tokens=16, temperature=0)
+    assert got.choices[0].text == expected["text"]
+    assert got.usage.completion_tokens == len(expected["token_ids"])
+
+
+# -- load ---------------------------------------------------------------------------
+
+async def _stream(session: aiohttp.ClientSession, server: Server, prompt: str, max_tokens: int) -> dict:
+    """One streamed completion, checked event by event; returns its text and usage."""
+    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(server.url + "/v1/completions", json=body) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await response.read()).decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""], raw[-200:]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2])
+    assert len({c["id"] for c in chunks}) == 1
+    text_chunks, usage_chunk = chunks[:-1], chunks[-1]
+    reasons = [c["choices"][0]["finish_reason"] for c in text_chunks]
+    assert reasons[-1] == "length" and not any(reasons[:-1])
+    assert usage_chunk["choices"] == []
+    return {"text": "".join(c["choices"][0]["text"] for c in text_chunks), "usage": usage_chunk["usage"]}
+
+
+async def _load(server: Server, jobs: list[tuple[str, int]], concurrency: int) -> list[dict]:
+    limit = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one(prompt: str, max_tokens: int) -> dict:
+            async with limit:
+                return await _stream(session, server, prompt, max_tokens)
+        return await asyncio.gather(*(one(p, m) for p, m in jobs))
+
+
+def test_load_64_concurrent_streams_256_requests(tiny):
+    rng = random.Random(0)
+    jobs = [(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(rng.randint(1, 40))),
+             rng.randint(1, 8)) for _ in range(256)]
+    tokenizer = resolve_model("tiny-llama").tokenizer()
+    before = _metrics(tiny)
+    started = time.monotonic()
+    results = asyncio.run(_load(tiny, jobs, concurrency=64))
+    elapsed = time.monotonic() - started
+    for (prompt, max_tokens), result in zip(jobs, results):
+        assert result["usage"]["completion_tokens"] == max_tokens
+        assert result["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt))
+    after = _metrics(tiny)
+    assert after["engine_num_requests_running"] == 0
+    assert after["engine_num_requests_waiting"] == 0
+    assert after["engine_kv_cache_blocks_used"] == 0
+    generated = after["engine_generation_tokens_total"] - before["engine_generation_tokens_total"]
+    assert generated == sum(m for _, m in jobs)
+    ttft = after["engine_time_to_first_token_seconds_count"] - before["engine_time_to_first_token_seconds_count"]
+    assert ttft == len(jobs)
+    print(f"\n256 streamed requests, 64 concurrent: {len(jobs) / elapsed:.1f} req/s, "
+          f"{generated / elapsed:.1f} output tok/s")
+
+
+def test_disconnected_streams_free_their_kv_blocks(tiny):
+    num_clients = 20
+    all_streaming = asyncio.Event()
+    streaming = 0
+
+    async def read_then_hang_up(session: aiohttp.ClientSession) -> None:
+        nonlocal streaming
+        body = {"model": tiny.model, "prompt": "a long story: ", "max_tokens": 200, "ignore_eos": True,
+                "stream": True}
+        async with session.post(tiny.url + "/v1/completions", json=body) as response:
+            await response.content.readuntil(b"\n\n")
+            streaming += 1
+            if streaming == num_clients:
+                all_streaming.set()
+            await all_streaming.wait()
+        # leaving the block drops the connection mid-stream
+
+    async def run() -> dict[str, float]:
+        async with aiohttp.ClientSession() as session:
+            clients = [asyncio.create_task(read_then_hang_up(session)) for _ in range(num_clients)]
+            await all_streaming.wait()
+            during = await asyncio.to_thread(_metrics, tiny)
+            await asyncio.gather(*clients)
+        return during
+
+    before = _metrics(tiny)
+    during = asyncio.run(run())
+    hung_up = time.monotonic()
+    assert during["engine_kv_cache_blocks_used"] > 0
+    assert during["engine_num_requests_running"] + during["engine_num_requests_waiting"] == num_clients
+    while (after := _metrics(tiny))["engine_kv_cache_blocks_used"] and time.monotonic() - hung_up < 10:
+        time.sleep(0.1)
+    assert after["engine_kv_cache_blocks_used"] == 0
+    assert after["engine_num_requests_running"] == after["engine_num_requests_waiting"] == 0
+    generated = after["engine_generation_tokens_total"] - before["engine_generation_tokens_total"]
+    assert generated < num_clients * 200 / 2    # they were stopped, not run to the end
+    assert _client(tiny).completions.create(model=tiny.model, prompt="still here?", max_tokens=2).usage
+
+
+# -- bad requests ---------------------------------------------------------------------
+
+LONG_PROMPT = "x" * (MAX_MODEL_LEN + 10)
+BAD_REQUESTS = [
+    # (path, body, status, param)
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": ', 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", {"prompt": "hi"}, 400, "model"),
+    ("/v1/completions", {"model": "tiny-llama"}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": "tiny-llama"}, 400, "messages"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": [1, 10**9]}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": "tiny-llama", "messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": 5}]},
+     400, "messages[0].content"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": LONG_PROMPT}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": LONG_PROMPT}]},
+     400, "messages"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, None),
+    ("/v1/nothing-here", {}, 404, None),
+]
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tiny):
+    async def post_all() -> list[tuple[int, dict]]:
+        async with aiohttp.ClientSession() as session:
+            results = []
+            for path, body, _, _ in BAD_REQUESTS:
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                async with session.post(tiny.url + path, data=data,
+                                        headers={"Content-Type": "application/json"}) as r:
+                    results.append((r.status, await r.json()))
+            return results
+
+    for (path, body, status, param), (got_status, got) in zip(BAD_REQUESTS, asyncio.run(post_all())):
+        assert (got_status, got["error"]["param"]) == (status, param), (path, body, got)
+        assert set(got["error"]) == {"message", "type", "param", "code"} and got["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="gpt-4"):
+        _client(tiny).completions.create(model="gpt-4", prompt="hi")
+    assert _get(tiny, "/health")[0] == 200
+    assert _client(tiny).completions.create(model=tiny.model, prompt="fine", max_tokens=3).usage.completion_tokens
+
+
+def test_models_and_health(tiny):
+    assert [m.id for m in _client(tiny).models.list()] == ["tiny-llama"]
+    assert _get(tiny, "/health") == (200, '{"status": "ok"}')
+
+
+# -- shutdown and a worker that dies -------------------------------------------------------
+
+@pytest.fixture
+def fresh_server():
+    """Start a server of the test's own; stopped (and checked) at the end if the test did not."""
+    servers = []
+
+    def start(model: str, *flags: str) -> Server:
+        servers.append(_start(model, *flags))
+        return servers[-1]
+    yield start
+    for server in servers:
+        if server.proc.poll() is None:
+            _stop(server)
+
+
+def test_sigint_ends_running_requests_and_leaves_nothing_behind(fresh_server):
+    server = fresh_server("tiny-llama", "-pp", "2")
+    stream = _client(server).completions.create(model=server.model, prompt="x", max_tokens=MAX_MODEL_LEN - 4,
+                                                stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    _stop(server, signal.SIGINT)
+    with pytest.raises(openai.APIError, match="shutting down"):
+        for _ in stream:
+            pass
+
+
+def test_killed_worker_fails_health_and_requests_naming_the_rank(fresh_server):
+    server = fresh_server("tiny-llama", "-tp", "2")
+    client = _client(server)
+    stream = client.completions.create(model=server.model, prompt="x", max_tokens=MAX_MODEL_LEN - 4,
+                                       stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    os.kill(_rank_pids(server)[1], signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(openai.APIError, match="rank 1"):
+        for _ in stream:
+            pass
+    status, body = _get(server, "/health")
+    assert status == 503 and "rank 1" in body
+    assert time.monotonic() - killed < 5
+    for stream in (False, True):
+        with pytest.raises(openai.APIStatusError, match="rank 1") as error:
+            client.completions.create(model=server.model, prompt="x", max_tokens=2, stream=stream)
+        assert error.value.status_code == 503
