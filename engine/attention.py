@@ -3,7 +3,8 @@
 A layer's cache is a pair k_cache, v_cache of [num_blocks, block_size,
 num_kv_heads, head_dim]; slot s is row s of the cache seen as
 [num_blocks * block_size, num_kv_heads, head_dim]. write_kv and paged_attention
-are the torch reference and the one place a GPU kernel would be dispatched.
+send CUDA tensors to their Triton kernels (kernels/, imported on first use) and
+compute CPU tensors with the torch reference here.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class AttentionMetadata:
 
 def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Store the new tokens' keys and values [T, kv_heads, head_dim] in their slots."""
+    if k.is_cuda:
+        from kernels.kv_cache import write_kv as write_kv_kernel
+        write_kv_kernel(k, v, k_cache, v_cache, slot_mapping)
+        return
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
 
@@ -33,6 +38,9 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attention
                     scale: float) -> Tensor:
     """q [T, heads, head_dim] -> [T, heads, head_dim]. Each request's queries are its last
     tokens; they see the request's cached prefix and, causally, each other."""
+    if q.is_cuda:
+        from kernels.attention import paged_attention as paged_attention_kernel
+        return paged_attention_kernel(q, k_cache, v_cache, meta, scale)
     block_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]  # query heads per KV head (GQA)
     query_starts = meta.query_start_loc.tolist()

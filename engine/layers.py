@@ -1,7 +1,9 @@
 """The decoder's building blocks.
 
-Each op is one plain function (rms_norm, apply_rotary, silu_and_mul): the torch
-reference here, and the one place a GPU kernel would be dispatched. Modules hold
+Each op is one plain function (rms_norm, apply_rotary, silu_and_mul): CUDA tensors
+go to its Triton kernel in kernels/, CPU tensors to the torch reference here. The
+kernels are imported on first use, so Triton is only loaded where a GPU runs
+(and the kernel tests can set TRITON_INTERPRET before it is). Modules hold
 the weights of one TP rank and say, as `Shard`s, which slice of which
 checkpoint tensor each of their parameters holds.
 """
@@ -20,6 +22,9 @@ from engine.communicator import Communicator
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None):
     """RMSNorm of x, or with a residual: (norm(x + residual), x + residual), as vLLM fuses it."""
+    if x.is_cuda:
+        from kernels.norm import rms_norm as rms_norm_kernel
+        return rms_norm_kernel(x, weight, eps, residual)
     if residual is not None:
         x = x + residual
         residual = x
@@ -30,6 +35,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, for x = [gate | up] along the last dim."""
+    if x.is_cuda:
+        from kernels.activation import silu_and_mul as silu_and_mul_kernel
+        return silu_and_mul_kernel(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -70,6 +78,9 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, heads, head_dim] and k [T, kv_heads, head_dim] by their positions,
     HF's "rotate half" (neox) layout: dim i pairs with dim i + head_dim/2."""
+    if q.is_cuda:
+        from kernels.rotary import apply_rotary as apply_rotary_kernel
+        return apply_rotary_kernel(q, k, positions, cos_sin_cache)
     cos, sin = cos_sin_cache[positions].unsqueeze(1).to(q.dtype).chunk(2, dim=-1)
 
     def rotate(x):

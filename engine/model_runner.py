@@ -1,6 +1,14 @@
-"""One rank's model execution: SchedulerOutput -> input tensors -> model -> sampled tokens."""
+"""One rank's model execution: SchedulerOutput -> input tensors -> model -> sampled tokens.
+
+On GPU, a step in which every request computes one token (a decode batch) replays a
+CUDA graph of this stage's forward, captured at warmup for its padded batch size; any
+other step runs eagerly. PP send/recv, the LM head, sampling and the probe's phases
+stay outside the graphs.
+"""
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -8,6 +16,7 @@ import torch
 from diagnose import probe
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
+from engine.config import EngineConfig
 from engine.loader import ModelSource, load_weights
 from engine.model import LlamaForCausalLM
 from engine.sampler import Sampler
@@ -24,15 +33,19 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(self, source: ModelSource, comm: Communicator, dtype: torch.dtype,
-                 device: torch.device, block_size: int, seed: int):
+                 device: torch.device, config: EngineConfig):
         self.comm = comm
         self.dtype = dtype
         self.device = device
-        self.block_size = block_size
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.use_cuda_graphs = device.type == "cuda" and not config.enforce_eager
         self.model = LlamaForCausalLM(source.model_config, comm, dtype, device)
-        load_weights(self.model, source, seed)
-        self.sampler = Sampler(seed)
+        load_weights(self.model, source, config.seed)
+        self.sampler = Sampler(config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+        self.decode_graphs: DecodeGraphs | None = None
 
     def kv_bytes_per_block(self) -> int:
         shape = self.model.kv_cache_shape(1, self.block_size)
@@ -40,12 +53,27 @@ class ModelRunner:
         return 2 * per_tensor * len(self.model.layers)
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        shape = self.model.kv_cache_shape(num_blocks, self.block_size)
+        """num_blocks for the scheduler's requests, and one more, block `num_blocks`, that
+        no request owns: the padding rows of a decode graph write there."""
+        self.num_blocks = num_blocks
+        shape = self.model.kv_cache_shape(num_blocks + 1, self.block_size)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device),
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(len(self.model.layers))
         ]
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        if self.device.type != "cuda":
+            return
+        if self.use_cuda_graphs:
+            # No request holds more blocks than the pool has, or than its positions need.
+            max_positions = self.model.config.max_position_embeddings
+            max_blocks_per_seq = min(self.num_blocks, -(-max_positions // self.block_size))
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.max_num_seqs,
+                                              max_blocks_per_seq, pad_block=self.num_blocks)
+        torch.cuda.synchronize()
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
         ids, positions, slots, qsl, seq_lens, sample_rows = [], [], [], [0], [], []
@@ -61,18 +89,25 @@ class ModelRunner:
             if req.sample:
                 sample_rows.append(qsl[-1] - 1)
         width = max(len(r.block_ids) for r in out.requests)
-        tables = [r.block_ids + [0] * (width - len(r.block_ids)) for r in out.requests]
-        as_tensor = lambda x, dt: torch.tensor(x, dtype=dt, device=self.device)  # noqa: E731
+        tables = [b for r in out.requests for b in r.block_ids + [0] * (width - len(r.block_ids))]
+        ids, positions, slots, sample_rows = self._to_device([ids, positions, slots, sample_rows],
+                                                             torch.int64)
+        max_seq_len = max(seq_lens)
+        qsl, seq_lens, tables = self._to_device([qsl, seq_lens, tables], torch.int32)
         meta = AttentionMetadata(
-            slot_mapping=as_tensor(slots, torch.int64),
-            query_start_loc=as_tensor(qsl, torch.int32),
-            seq_lens=as_tensor(seq_lens, torch.int32),
-            block_tables=as_tensor(tables, torch.int32),
+            slot_mapping=slots,
+            query_start_loc=qsl,
+            seq_lens=seq_lens,
+            block_tables=tables.view(len(out.requests), width),
             max_query_len=max(len(r.token_ids) for r in out.requests),
-            max_seq_len=max(seq_lens),
+            max_seq_len=max_seq_len,
         )
-        return ModelInputs(as_tensor(ids, torch.int64), as_tensor(positions, torch.int64),
-                           meta, as_tensor(sample_rows, torch.int64))
+        return ModelInputs(ids, positions, meta, sample_rows)
+
+    def _to_device(self, lists: list[list[int]], dtype: torch.dtype) -> list[torch.Tensor]:
+        """One host-to-device copy for several lists of ints; a view of each."""
+        flat = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=dtype)
+        return list(flat.to(self.device).split([len(x) for x in lists]))
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
@@ -84,13 +119,18 @@ class ModelRunner:
                 hidden, residual = self.comm.recv([(shape, self.dtype)] * 2,
                                                   self.comm.prev_stage_rank(), self.device)
         with probe.phase("forward", step=out.step):
-            hidden, residual = self.model(inputs.input_ids, inputs.positions, hidden, residual,
-                                          inputs.meta, self.kv_caches)
+            hidden, residual = self._forward(inputs, hidden, residual)
         if not self.comm.is_last_stage:
             with probe.phase("pp_send", step=out.step):
                 self.comm.send([hidden, residual], self.comm.next_stage_rank())
             return None
         return self._sample(out, hidden[inputs.sample_rows])
+
+    def _forward(self, inputs: ModelInputs, hidden, residual):
+        if self.decode_graphs is not None and self.decode_graphs.fits(inputs):
+            return self.decode_graphs.replay(inputs, hidden, residual)
+        return self.model(inputs.input_ids, inputs.positions, hidden, residual, inputs.meta,
+                          self.kv_caches)
 
     def _sample(self, out: SchedulerOutput, hidden: torch.Tensor) -> ModelRunnerOutput | None:
         logits = self.model.compute_logits(hidden)
@@ -100,3 +140,89 @@ class ModelRunner:
             sampled = [r for r in out.requests if r.sample]
             tokens = self.sampler.sample(logits, sampled)
         return ModelRunnerOutput(out.step, [r.req_id for r in sampled], tokens)
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """The padded batch sizes that get a graph: powers of two, then max_batch."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return sizes + [max_batch]
+
+
+class DecodeGraphs:
+    """CUDA graphs of the model's forward over decode batches, one per padded batch size.
+
+    The graphs read static buffers. A step copies its requests into the first rows; the
+    padding rows compute one token each at the padding block's slot 0, and their output
+    rows are dropped. Captured TP all-reduces replay on NCCL like any other kernel."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches, max_batch: int,
+                 max_blocks_per_seq: int, pad_block: int):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = capture_sizes(max_batch)
+        self.pad_block = pad_block
+        self.pad_slot = pad_block * kv_caches[0][0].shape[1]
+        device = kv_caches[0][0].device
+        rows = self.sizes[-1]
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((rows,), self.pad_slot, dtype=torch.int64, device=device)
+        self.query_start_loc = torch.arange(rows + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((rows, max_blocks_per_seq), pad_block, dtype=torch.int32,
+                                       device=device)
+        self.hidden = self.residual = None
+        if model.embed_tokens is None:  # a later PP stage: the previous stage's output comes in
+            shape, dtype = (rows, model.config.hidden_size), kv_caches[0][0].dtype
+            self.hidden = torch.zeros(shape, dtype=dtype, device=device)
+            self.residual = torch.zeros(shape, dtype=dtype, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self._capture()
+
+    def _capture(self) -> None:
+        """Largest first, so the smaller graphs reuse its memory pool."""
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self._run_model(size)  # eagerly first: compiles this shape's kernels, inits NCCL
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = self._run_model(size)
+            self.graphs[size] = (graph, outputs)
+
+    def _run_model(self, size: int):
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=self.query_start_loc[:size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            max_query_len=1,
+            # The captured kernels must serve any context: the longest a block table holds.
+            max_seq_len=self.block_tables.shape[1] * self.kv_caches[0][0].shape[1],
+        )
+        hidden = residual = None
+        if self.hidden is not None:
+            hidden, residual = self.hidden[:size], self.residual[:size]
+        return self.model(self.input_ids[:size], self.positions[:size], hidden, residual, meta,
+                          self.kv_caches)
+
+    def fits(self, inputs: ModelInputs) -> bool:
+        return inputs.meta.max_query_len == 1 and len(inputs.meta.seq_lens) <= self.sizes[-1]
+
+    def replay(self, inputs: ModelInputs, hidden, residual):
+        num_seqs = len(inputs.meta.seq_lens)
+        size = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+        meta, real, pad = inputs.meta, slice(0, num_seqs), slice(num_seqs, size)
+        self.input_ids[real].copy_(inputs.input_ids)
+        self.positions[real].copy_(inputs.positions)
+        self.slot_mapping[real].copy_(meta.slot_mapping)
+        self.slot_mapping[pad].fill_(self.pad_slot)
+        self.seq_lens[real].copy_(meta.seq_lens)
+        self.seq_lens[pad].fill_(1)
+        self.block_tables[real, :meta.block_tables.shape[1]].copy_(meta.block_tables)
+        self.block_tables[pad, 0].fill_(self.pad_block)
+        if self.hidden is not None:
+            self.hidden[real].copy_(hidden)
+            self.residual[real].copy_(residual)
+        graph, (out_hidden, out_residual) = self.graphs[size]
+        graph.replay()
+        return out_hidden[real], None if out_residual is None else out_residual[real]

@@ -49,8 +49,7 @@ class Worker:
             self.comm = Communicator(layout, args.rank, args.init_method, backend)
         with probe.phase("load_weights"):
             source = resolve_model(config.model, config.load_format)
-            self.runner = ModelRunner(source, self.comm, args.dtype, self.device,
-                                      config.block_size, config.seed)
+            self.runner = ModelRunner(source, self.comm, args.dtype, self.device, config)
 
     def kv_bytes_per_block(self) -> int:
         return self.runner.kv_bytes_per_block()
@@ -67,8 +66,7 @@ class Worker:
 
     def warmup(self) -> None:
         with probe.phase("warmup"):
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
+            self.runner.warmup()
 
     def execute_model(self, scheduler_output):
         with probe.phase("execute_model", step=scheduler_output.step):
