@@ -7,6 +7,7 @@ import signal
 import sys
 
 from engine.args import add_engine_args, config_from_args
+from engine.bench import add_bench_args
 from engine.executor import WorkerDiedError
 from engine.loader import ModelError
 
@@ -39,6 +40,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from engine.bench import bench_main
+
+    return bench_main(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000, help="0: any free port")
     srv.add_argument("--served-model-name", help="the model name clients ask for (default: --model)")
     srv.set_defaults(run=_serve)
+    bench = sub.add_parser("bench", help="offline throughput, TTFT and ITL, optionally swept over a flag")
+    add_engine_args(bench)
+    add_bench_args(bench)
+    bench.set_defaults(run=_bench)
     return parser
 
 
