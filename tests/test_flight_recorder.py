@@ -34,6 +34,19 @@ def test_real_gloo_dumps_name_the_rank_the_group_waits_for():
     assert "make_fr_dumps.py" in run.snapshot.ranks[2].frame
 
 
+def test_real_nccl_dumps_from_two_h200s_name_the_rank_that_did_not_join():
+    """Made on 2 GPUs by tests/fixtures/make_fr_dumps_nccl.py (torch 2.11, NCCL 2.28):
+    rank 1 skipped the world all_reduce of step 3 after its recv."""
+    run = read_fr_dir(os.path.join(FIXTURES, "fr_nccl_hang"))
+    assert run.notes == []
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert verdict.kind == "collective_missing_peers"
+    assert (verdict.culprit_ranks, verdict.victim_ranks) == ([1], [0])
+    assert (verdict.group, verdict.seq) == ("world", 4)
+    recvs = [r for r in run.snapshot.ranks[1].collectives if r.op == "recv"]
+    assert recvs and all(r.peer == 0 for r in recvs)
+
+
 def test_real_gloo_dumps_of_a_healthy_run_give_no_verdict():
     run = read_fr_dir(os.path.join(FIXTURES, "fr_healthy"))
     assert analyze(run.snapshot, POST_MORTEM) == []
