@@ -47,6 +47,13 @@ class Executor:
         self.ring = ShmRing.create(n_readers=self.layout.world_size)
         self.dead: WorkerDiedError | None = None
         self.procs, self.conns = [], []
+        try:
+            self._spawn_workers(config, device, dtype)
+        except BaseException:
+            self.shutdown()  # the ring and any worker already started go too
+            raise
+
+    def _spawn_workers(self, config: EngineConfig, device: str, dtype: torch.dtype) -> None:
         ctx = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         for rank in range(self.layout.world_size):
