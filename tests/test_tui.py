@@ -196,6 +196,34 @@ async def test_culprit_cell_verdict_and_stack_on_screen():
         assert "read-only" in text
 
 
+RECORDED = Path(__file__).parent / "fixtures" / "runs"
+
+
+@pytest.mark.anyio
+async def test_recorded_rank6_run_names_the_culprit_with_its_stack():
+    """A run dir recorded by diag launch over the real engine (tp=2 pp=4, rank 6
+    hung before its first execute_model, then the launcher ended the run)."""
+    app = DiagApp(open_run_dir(str(RECORDED / "rank6_never_reached")))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        text = screen_text(app)
+        assert "rank 6 (pp 3/4, tp 0) never reached execute_model" in text
+        assert "▸rank 6  CULPRIT" in text
+        assert app.query_one(RankDetail).view.state.identity.rank == 6
+        assert "block_forever" in text  # the stack the probe dumped on the hang
+        await pilot.press("right")
+        assert app.selected_rank == 7
+
+
+@pytest.mark.anyio
+async def test_recorded_no_fault_run_says_no_hang():
+    app = DiagApp(open_run_dir(str(RECORDED / "no_fault")))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        text = screen_text(app)
+        assert "no hang detected" in text and CULPRIT not in text
+
+
 @pytest.mark.anyio
 async def test_no_fault_says_no_hang():
     app = DiagApp(SyntheticSource(no_fault()))
