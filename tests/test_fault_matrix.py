@@ -100,6 +100,7 @@ def test_rank7_straggles(tmp_path):
                   PROMPTS + ["--max-tokens", "6"])
     assert kinds(body) == [("straggler", [7])], body["stderr"][-3000:]
     assert body["exit_code"] == 0
+    assert analyze_again(body["run_dir"]) == [("straggler", [7])]
 
 
 def test_rank3_stops_taking_the_broadcast(tmp_path):
