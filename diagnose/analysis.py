@@ -19,7 +19,10 @@ them is a victim. Three rules come before the graph: a dead process is the
 culprit of everything that follows (the first to die, if several), members
 that disagree on the op of one collective are a mismatch, and a member that
 went past a collective seq without joining it is the culprit of that
-collective even where the graph has a cycle through the driver. A job that
+collective even where the graph has a cycle through the driver. On a GPU the
+host returns from a collective once it is enqueued: a call the device has not
+finished still counts as unfinished, and a rank whose GPU has not even reached
+it waits on no one but its own GPU (`gpu_stuck`). A job that
 hung and was then stopped is judged as it stood just before its first death,
 so the hang, not the kill, is named.
 
@@ -40,6 +43,8 @@ from diagnose.thresholds import StallLimits, Thresholds
 DRIVER = "driver"                      # the driver's node in the wait-for graph
 P2P_OPS = ("send", "recv")
 MILESTONES = STARTUP_PHASES + ("execute_model",)  # the phases a worker meets once, in order
+CLEAN_EXIT_PHASE = "exit"              # generic mode: a process that ended normally enters it last
+DEATH_SLACK_S = 0.3                    # a few heartbeats: deaths closer than this are not ordered by time
 LAST_RECORDS = 3                       # collective records put in a verdict's evidence
 
 Node = int | str                       # a worker rank, or DRIVER
@@ -74,8 +79,7 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
                              event.end if event.end is not None and event.end <= when else None)
                   for event in sorted(events.values(), key=lambda event: event.start)
                   if event.start <= when]
-        records = [replace(record, state="enqueued", t_complete=None)
-                   if record.t_complete is None or record.t_complete > when else record
+        records = [_record_at(record, when)
                    for record in state.collectives if record.t_enqueue <= when]
         return replace(state, alive=True, heartbeat_at=min(state.heartbeat_at, when),
                        phases=phases, open_phases=[event for event in phases if event.end is None],
@@ -85,6 +89,16 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
     driver = state_at(snapshot.driver) if snapshot.driver is not None else None
     return replace(snapshot, taken_at=when, driver=driver, command_exit=None,
                    ranks={rank: state_at(state) for rank, state in snapshot.ranks.items()})
+
+
+def _record_at(record: CollectiveRecord, when: float) -> CollectiveRecord:
+    if record.t_complete is None or record.t_complete > when:
+        record = replace(record, state="enqueued", t_complete=None)
+    if record.t_device_start is not None and record.t_device_start > when:
+        record = replace(record, t_device_start=None)
+    if record.t_device_done is not None and record.t_device_done > when:
+        record = replace(record, t_device_done=None)
+    return record
 
 
 def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
@@ -123,7 +137,7 @@ class View:
         for rank, state in self.ranks.items():
             for record in state.collectives:
                 self._index(rank, record)
-            waiting = [record for record in state.collectives if record.state != "completed"]
+            waiting = [record for record in state.collectives if unfinished(record)]
             if waiting:
                 self.pending[rank] = min(waiting, key=lambda record: record.t_enqueue)
 
@@ -184,12 +198,17 @@ def _deaths(snapshot: Snapshot) -> dict[Node, Death]:
         if rank in exits:
             exit = exits[rank]
             deaths[rank] = Death(rank, min(exit.at, state.heartbeat_at), exit.exitcode)
-        elif not state.alive and not stopping:
+        elif not state.alive and not stopping and not _exited_cleanly(state):
             deaths[rank] = Death(rank, state.heartbeat_at, None)
     driver = snapshot.driver
     if driver is not None and not driver.alive:
         deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
     return deaths
+
+
+def _exited_cleanly(state: RankState) -> bool:
+    events = state.phases + state.open_phases
+    return bool(events) and max(events, key=lambda event: event.start).name == CLEAN_EXIT_PHASE
 
 
 def _shutdown_starts(snapshot: Snapshot) -> list[float]:
@@ -221,6 +240,22 @@ def last_progress(state: RankState) -> float:
     for record in state.collectives:
         times.append(record.t_enqueue if record.t_complete is None else record.t_complete)
     return max(times)
+
+
+def unfinished(record: CollectiveRecord) -> bool:
+    """Not returned on the host, or (traced on the GPU) not finished on the device."""
+    return record.state != "completed" or (record.device and record.t_device_done is None)
+
+
+def gpu_behind(record: CollectiveRecord) -> bool:
+    """The host made the call and moved on; the GPU has not reached it yet."""
+    return record.device and record.state == "completed" and record.t_device_start is None
+
+
+def device_progress(state: RankState) -> float:
+    """The last time the rank's GPU was seen to finish a traced call."""
+    return max([record.t_device_done for record in state.collectives
+                if record.t_device_done is not None], default=state.started_at)
 
 
 def current_step(state: RankState) -> int | None:
@@ -314,6 +349,8 @@ def wait_for_graph(view: View) -> dict[Node, set[Node]]:
         record = view.pending.get(rank)
         if record is not None:
             graph[rank] |= record_waits(view, rank, record)
+            if gpu_behind(record):
+                continue               # it waits on its own GPU, whatever its host does next
         phase = innermost(state)
         if (driver is not None and phase is not None and phase.name == "dequeue"
                 and state.ring_read >= driver.ring_written):
@@ -328,6 +365,8 @@ def wait_for_graph(view: View) -> dict[Node, set[Node]]:
 
 def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
     """The ranks that `rank`, blocked in `record`, waits on."""
+    if gpu_behind(record):
+        return set()                   # it waits on its own GPU
     if record.op in P2P_OPS:
         peer = record.peer
         if peer not in view.ranks:
@@ -335,7 +374,7 @@ def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
         other_op = "recv" if record.op == "send" else "send"
         match = view.p2p.get((record.group, other_op, peer, rank, record.seq))
         matched = view.highest_seq.get((record.group, other_op, peer, rank), -1) >= record.seq
-        if matched and (match is None or match.state == "completed"):
+        if matched and (match is None or not unfinished(match)):
             return set()
         return {peer}
     waits = set()
@@ -345,7 +384,7 @@ def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
             continue
         if not view.has_joined(member, record.group, record.seq):
             waits.add(member)
-        elif member in joined and joined[member].state != "completed":
+        elif member in joined and unfinished(joined[member]):
             waits.add(member)
     return waits
 
@@ -399,7 +438,7 @@ def dead_verdicts(view: View, graph: dict[Node, set[Node]]) -> list[Verdict]:
                 if death.exitcode not in (0, None) or (death.exitcode is None and not clean_end)]
     if not abnormal:
         return []
-    first = min(abnormal, key=lambda death: death.at)
+    first = _first_death(view, abnormal)
     state = view.state(first.node)
     dead = set(view.deaths)
     victims = (dead | reachers(graph, dead)) - {first.node}
@@ -422,6 +461,21 @@ def dead_verdicts(view: View, graph: dict[Node, set[Node]]) -> list[Verdict]:
                     victim_ranks=_ranks_of(victims), summary=summary,
                     phase=phase.name if phase else None, step=step,
                     detected_after_s=round(view.now - first.at, 3), evidence=evidence)]
+
+
+def _first_death(view: View, abnormal: list[Death]) -> Death:
+    """The earliest death. Deaths closer together than heartbeats can order are
+    ordered by cause: one that died waiting in a collective on another dead
+    process (a peer's reset connection ended its wait) came after it."""
+    earliest = min(death.at for death in abnormal)
+    close = [death for death in abnormal if death.at - earliest <= DEATH_SLACK_S]
+
+    def waited_on_dead(death: Death) -> bool:
+        record = view.pending.get(death.node)
+        return record is not None and bool(
+            record_waits(view, death.node, record) & (set(view.deaths) - {death.node}))
+
+    return min(close, key=lambda death: (waited_on_dead(death), death.at))
 
 
 def mismatch_verdicts(view: View) -> list[Verdict]:
@@ -527,6 +581,8 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     if not has_phase and (view.snapshot.command_exit is not None
                           or _driver_shutting_down(view.snapshot)):
         return None                      # the job is ending: the rank is on its way out
+    if node in view.pending and gpu_behind(view.pending[node]):
+        return _gpu_stuck(view, node, victims, limits)
     stall = view.now - _stalled_since(view, node, victims)
     if stall < limits.limit(limit_phase(view, node)):
         return None
@@ -543,6 +599,37 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     return Verdict(kind=kind, culprit_ranks=_ranks_of({node}), victim_ranks=_ranks_of(victims),
                    summary=summary, phase=phase, step=step,
                    group=group, seq=seq, detected_after_s=round(stall, 3), evidence=evidence)
+
+
+def _gpu_stuck(view: View, node: int, victims: set[Node], limits: StallLimits) -> Verdict | None:
+    """The rank's host enqueued a call and went on; its GPU never reached the call."""
+    state = view.ranks[node]
+    record = view.pending[node]
+    stall = view.now - max(record.t_enqueue, device_progress(state))
+    if stall < limits.limit(limit_phase(view, node)):
+        return None
+    done = [r for r in state.collectives if r.t_device_done is not None]
+    after = f", after {_call_name(done[-1])}" if done else ""
+    site = f" (enqueued at {record.site})" if record.site else ""
+    summary = (f"{who(view, node)}: the GPU has not reached {_call_name(record)}{site} for "
+               f"{stall:.0f} s, stuck in the work before it{after}; the host is "
+               f"{where(state).removeprefix('stuck ')}{_step_text(state)}{_at_frame(state)}"
+               f"{_victims_text(victims)}")
+    evidence = _evidence(view, state)
+    evidence["device"] = {"not_reached": asdict(record),
+                          "last_finished": asdict(done[-1]) if done else None,
+                          "host": f"{where(state).removeprefix('stuck ')}{_at_frame(state)}"}
+    evidence["victims_on_device"] = {
+        str(rank): _call_name(view.pending[rank]) for rank in _ranks_of(victims)
+        if rank in view.pending and view.pending[rank].t_device_start is not None}
+    return Verdict(kind="gpu_stuck", culprit_ranks=[node], victim_ranks=_ranks_of(victims),
+                   summary=summary, phase=_phase_name(state), step=current_step(state),
+                   group=record.group, seq=record.seq, detected_after_s=round(stall, 3),
+                   evidence=evidence)
+
+
+def _call_name(record: CollectiveRecord) -> str:
+    return f"{record.group} {record.op} seq {record.seq}"
 
 
 def _cycle_root(view: View, component: set[Node], victims: set[Node],
@@ -593,6 +680,10 @@ def _root_kind(view: View, node: Node) -> tuple[str, str | None]:
     if node == DRIVER:
         return "stuck_in_phase", None
     state = view.ranks[node]
+    if state.identity.role == "process":
+        missed = _phase_missed(view, node)
+        if missed is not None:
+            return "never_reached", missed
     peers = [milestone(other) for rank, other in view.ranks.items() if rank != node]
     furthest = max(peers, default=-1)
     if milestone(state) < furthest:
@@ -600,6 +691,18 @@ def _root_kind(view: View, node: Node) -> tuple[str, str | None]:
     if ring_behind(view, node):
         return "broadcast_not_consumed", None
     return "stuck_in_phase", None
+
+
+def _phase_missed(view: View, node: Node) -> str | None:
+    """Generic mode (phases from --mark): the first phase every other process
+    entered and this one never did."""
+    entered = {rank: {event.name: event.start for event in state.phases + state.open_phases}
+               for rank, state in view.ranks.items()}
+    others = [names for rank, names in entered.items() if rank != node]
+    if not others:
+        return None
+    missed = set.intersection(*(set(names) for names in others)) - set(entered[node])
+    return min(missed, key=lambda name: min(names[name] for names in others), default=None)
 
 
 def _waited_collective(view: View, node: Node, victims: set[Node]) -> tuple[str | None, int | None]:

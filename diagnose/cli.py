@@ -145,11 +145,17 @@ def _launch_options(parser) -> None:
            "only watch (wait)")
     a("--launch-blocking", metavar="RANKS|all", type=_ranks,
       help="CUDA_LAUNCH_BLOCKING=1 on these ranks only")
+    a("--relaunch-on-cuda-error", action="store_true",
+      help="when a rank dies of a CUDA error, run once more with CUDA_LAUNCH_BLOCKING=1 "
+           "on it and report both error sites")
     a("--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG level, one file per rank in the run dir")
     a("--fault", action="append", default=[], type=_fault, metavar="SPEC",
       help="inject a fault: rank=R,at=PHASE[,step=N],kind=hang|sleep:S|crash|exit:C|"
            "skip_collective|skip_broadcast (repeatable)")
     a("--json-report", metavar="FILE", help="also write the report's JSON here")
+    a("--mark", action="append", default=[], type=_mark, metavar="MODULE:NAME[=PHASE]",
+      help="make calls of this function a phase, e.g. "
+           "vllm.v1.worker.gpu_worker:Worker.execute_model (repeatable)")
     a("--tui", action="store_true", help="show the live TUI in front of the command")
 
 
@@ -166,6 +172,9 @@ def launch_command(args) -> int:
     except FileNotFoundError as error:
         raise UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
     print_outcome(launcher, outcome)
+    if args.relaunch_on_cuda_error:
+        from diagnose.launch import relaunch_on_cuda_error
+        relaunch_on_cuda_error(launcher)
     return outcome.exit_code
 
 
@@ -174,7 +183,7 @@ def _launch_options_of(args, command: list[str]):
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
                          thresholds=args.stall_timeout, on_hang=args.on_hang,
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
-                         faults=args.fault, json_report=args.json_report)
+                         faults=args.fault, json_report=args.json_report, marks=args.mark)
 
 
 def _ranks(text: str) -> str:
@@ -192,6 +201,15 @@ def _fault(text: str) -> str:
         parse_faults(text)
     except FaultSpecError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _mark(text: str) -> str:
+    from diagnose.marks import MarkSpecError, parse_mark
+    try:
+        parse_mark(text)
+    except MarkSpecError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--mark ")) from None
     return text
 
 
@@ -227,7 +245,35 @@ def demo_command(args) -> int:
     return run_demo(args.run_dir, use_tui=not args.no_tui)
 
 
-SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui)
+def add_logs(commands) -> None:
+    parser = commands.add_parser("logs", help="explain known failure lines (NCCL watchdog, CUDA "
+                                              "errors, OOM, vLLM, LMCache) in log files")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.set_defaults(run=logs_command)
+
+
+def logs_command(args) -> int:
+    from dataclasses import asdict
+    from diagnose.logs import LogReadError, render, scan_file
+
+    findings, read = [], 0
+    for path in args.files:
+        try:
+            findings += scan_file(path)
+            read += 1
+        except LogReadError as error:
+            print(f"diag: {error}", file=sys.stderr)
+    if not read:
+        raise UsageError("no log file could be read")
+    if args.json:
+        print(json.dumps([asdict(finding) for finding in findings], indent=1))
+    else:
+        render(findings)
+    return EXIT_VERDICTS if findings else EXIT_HEALTHY
+
+
+SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui, add_logs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,10 @@ the first time with step argument N; with step=all it fires on every entry
   skip_collective  the next traced collective is not made and takes no sequence number
   skip_broadcast   enter the phase (use at=dequeue) and block there, never reading
                    the broadcast ring: the rank stops consuming the driver's messages
+  gpu_spin         launch a kernel that spins forever on the current CUDA stream and
+                   go on: the host runs ahead while the GPU is stuck
+  device_assert    launch a kernel whose device-side assert fails and go on: the
+                   CUDA error surfaces at a later call
 
 `rank` is a rank number, or `driver` for the driver process.
 """
@@ -24,8 +28,10 @@ from dataclasses import dataclass
 from diagnose.snapshot import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES
 
 ENV_VAR = "DIAG_FAULT"
-KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast")
+KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast", "gpu_spin",
+         "device_assert")
 KNOWN_PHASES = tuple(dict.fromkeys(STARTUP_PHASES + STEP_PHASES + DRIVER_PHASES))
+SPIN_FLAGS: list = []  # the host flags of gpu_spin kernels launched here (kernels.faults.release)
 FORMAT = "rank=R,at=PHASE[,step=N|all],kind=K"
 
 
@@ -115,7 +121,7 @@ def _kind(text: str, value: str) -> tuple[str, float | None]:
     if kind not in KINDS:
         raise FaultSpecError(f"fault spec {text!r}: unknown kind {kind!r} "
                              f"(known: hang, sleep:SECONDS, crash, exit:CODE, "
-                             f"skip_collective, skip_broadcast)")
+                             f"skip_collective, skip_broadcast, gpu_spin, device_assert)")
     if kind == "sleep":
         try:
             seconds = float(arg)
@@ -169,6 +175,14 @@ def inflict(spec: FaultSpec) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.kind == "exit":
         os._exit(int(spec.arg))
+    elif spec.kind == "gpu_spin":
+        from kernels import faults as fault_kernels  # Triton and CUDA only for these kinds
+        flag = fault_kernels.spin_flag()
+        SPIN_FLAGS.append(flag)  # the kernel reads it until released: it must stay allocated
+        fault_kernels.gpu_spin(flag)
+    elif spec.kind == "device_assert":
+        from kernels import faults as fault_kernels
+        fault_kernels.device_assert()
 
 
 def block_forever() -> None:

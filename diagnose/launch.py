@@ -16,11 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 
-from diagnose import faults, probe, rank_env, report
+from diagnose import faults, marks, probe, rank_env, report
 from diagnose.analysis import analyze
 from diagnose.collector import EXIT_FILE, Collector, request_dump
 from diagnose.snapshot import Snapshot, Verdict
@@ -32,7 +32,8 @@ EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
-HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers",
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers", "gpu_stuck",
                         "collective_mismatch", "broadcast_not_consumed", "dead"})
 
 
@@ -46,6 +47,7 @@ class LaunchOptions:
     nccl_debug: str | None = None
     faults: list[str] = field(default_factory=list)
     json_report: str | None = None
+    marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
     echo_output: bool = True            # copy the command's output to our stderr
 
 
@@ -60,6 +62,9 @@ def command_env(opts: LaunchOptions) -> dict[str, str]:
     env = dict(os.environ)
     env[probe.RUN_DIR_VAR] = os.path.abspath(opts.run_dir)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [BOOTSTRAP_DIR, env.get("PYTHONPATH")]))
+    if opts.marks:
+        env[marks.MARKS_VAR] = ";".join(opts.marks)
     if opts.faults:
         env[faults.ENV_VAR] = ";".join(opts.faults)
     if opts.launch_blocking:
@@ -76,6 +81,7 @@ class Launcher:
         for spec in opts.faults:  # bad settings fail here, before anything starts
             faults.parse_faults(spec)
         os.makedirs(opts.run_dir, exist_ok=True)
+        clear_run_files(opts.run_dir)  # a reused run dir must not show the last run's ranks
         self.collector = Collector(opts.run_dir)
         self.proc: subprocess.Popen | None = None
         self.reported: set[tuple] = set()
@@ -186,9 +192,7 @@ class Launcher:
     def _restart_command(self) -> None:
         self._restart.clear()
         self.stop()
-        for name in os.listdir(self.opts.run_dir):
-            if name.endswith(".probe") or name.startswith("stacks-"):
-                os.remove(os.path.join(self.opts.run_dir, name))
+        clear_run_files(self.opts.run_dir)
         self.collector = Collector(self.opts.run_dir)
         self.reported.clear()
         self.start()
@@ -217,6 +221,16 @@ class Launcher:
                 json.dump(body, f, indent=1, default=str)
         return body
 
+    def add_to_report(self, key: str, value) -> None:
+        """One more section in the report already written."""
+        with open(self.report_path) as f:
+            body = json.load(f)
+        body[key] = value
+        self._write_json("report.json", body)
+        if self.opts.json_report:
+            with open(self.opts.json_report, "w") as f:
+                json.dump(body, f, indent=1, default=str)
+
     @staticmethod
     def _stacks(snapshot: Snapshot) -> dict:
         return {str(rank): state.stacks for rank, state in snapshot.ranks.items() if state.stacks}
@@ -224,6 +238,72 @@ class Launcher:
     def _write_json(self, name: str, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, name), "w") as f:
             json.dump(body, f, indent=1, default=str)
+
+
+# --relaunch-on-cuda-error: an asynchronous CUDA error is reported at a later,
+# unrelated call; once more with CUDA_LAUNCH_BLOCKING=1 on the rank that died,
+# the error is raised by the launch that failed.
+
+CUDA_ERROR_MARKERS = ("CUDA error", "device-side assert", "Triton Error [CUDA]")
+TRACEBACK_FRAMES = 8
+
+
+def cuda_error_rank(output: str, snapshot: Snapshot) -> int | None:
+    """The first worker that died, when the output shows a CUDA error; else None."""
+    if not any(marker in output for marker in CUDA_ERROR_MARKERS):
+        return None
+    exits = [exit for exit in (snapshot.driver.worker_exits if snapshot.driver else [])
+             if exit.exitcode != 0]
+    if exits:
+        return min(exits, key=lambda exit: exit.at).rank
+    dead = [(state.heartbeat_at, rank) for rank, state in snapshot.ranks.items() if not state.alive]
+    return min(dead)[1] if dead else None
+
+
+def error_site(output: str) -> dict:
+    """The first CUDA error line and the Python frames of the traceback above it."""
+    lines = output.splitlines()
+    at = next((i for i, line in enumerate(lines)
+               if any(marker in line for marker in CUDA_ERROR_MARKERS)), None)
+    if at is None:
+        return {"error": None, "frames": []}
+    start = max((i for i in range(at) if lines[i].startswith("Traceback")), default=at)
+    frames = [line.strip() for line in lines[start:at] if line.strip().startswith("File ")]
+    return {"error": lines[at].strip(), "frames": frames[-TRACEBACK_FRAMES:]}
+
+
+def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
+    """Run the command again with CUDA_LAUNCH_BLOCKING=1 on the rank that died of a
+    CUDA error; both error sites go into the first run's report. None: no such death."""
+    output = _read_output(launcher.opts.run_dir)
+    rank = cuda_error_rank(output, launcher.snapshot)
+    if rank is None:
+        return None
+    opts = replace(launcher.opts, run_dir=os.path.join(launcher.opts.run_dir, "blocking"),
+                   launch_blocking=str(rank), json_report=None)
+    again = Launcher(opts)
+    outcome = again.run()
+    body = {"rank": rank, "first_run": error_site(output),
+            "launch_blocking_run": error_site(_read_output(opts.run_dir)),
+            "launch_blocking_report": outcome.report_path}
+    launcher.add_to_report("cuda_error", body)
+    return outcome
+
+
+def _read_output(run_dir: str) -> str:
+    try:
+        with open(os.path.join(run_dir, "output.log"), "rb") as log:
+            return log.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def clear_run_files(run_dir: str) -> None:
+    """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
+    for name in os.listdir(run_dir):
+        if name.endswith(".probe") or name.startswith("stacks-") or name in (EXIT_FILE,
+                                                                              "report.json"):
+            os.remove(os.path.join(run_dir, name))
 
 
 def default_run_dir() -> str:

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 
 from diagnose import faults, rank_env, runfile, stacks
 
@@ -139,6 +140,31 @@ class _Traced:
         return False
 
 
+class _TracedOnDevice(_Traced):
+    """A traced collective on a CUDA stream: events recorded before and after the
+    call let the heartbeat thread see when the GPU reaches and finishes it."""
+    __slots__ = ("probe", "start")
+
+    def __init__(self, probe, event, start):
+        super().__init__(probe.file, event)
+        self.probe = probe
+        self.start = start
+
+    def __exit__(self, *exc):
+        self.file.complete_collective(self.event, time.time())
+        self.probe.watch_device(self.event, self.start)
+        return False
+
+
+class _InFlight:
+    """A traced call the GPU has not finished: its record and its two events."""
+    __slots__ = ("at", "n", "start", "end", "started")
+
+    def __init__(self, at, n, start, end):
+        self.at, self.n, self.start, self.end = at, n, start, end
+        self.started = False
+
+
 class _Skipped(_Off):
     skip = True
 
@@ -168,6 +194,13 @@ class _Probe:
         self.sites: dict[tuple[int, int], bytes] = {}
         self.codes: dict[int, tuple[object, bool]] = {}
         self.tensor_info: dict[tuple, tuple[bytes, bytes, int]] = {}
+        self.device = identity["device"]
+        self.on_device = self.device.startswith("cuda")
+        if self.on_device:
+            self.capturing, self.new_event, self.set_device = _cuda_calls()
+        self.in_flight: deque[_InFlight] = deque()   # main thread appends, heartbeat pops
+        self.free_events: deque = deque()            # heartbeat returns, main thread takes
+        self.device_set = False
         threading.Thread(target=self._beat, name="diag-heartbeat", daemon=True).start()
 
     # Phases.
@@ -204,8 +237,20 @@ class _Probe:
         seq = self.seqs.get(key, 0)
         self.seqs[key] = seq + 1
         shapes, dtype, nbytes = self._describe(tensors)
-        return _Traced(self.file, self.file.open_collective(
-            group, seq, op, peer, shapes, dtype, nbytes, self._call_site(caller), time.time()))
+        on_device = self.on_device and tensors[0].is_cuda and not self.capturing()
+        at = self.file.open_collective(group, seq, op, peer, shapes, dtype, nbytes,
+                                       self._call_site(caller), time.time(), on_device)
+        if not on_device:
+            return _Traced(self.file, at)
+        return _TracedOnDevice(self, at, self._record_event())
+
+    def _record_event(self):
+        event = self.free_events.pop() if self.free_events else self.new_event()
+        event.record()
+        return event
+
+    def watch_device(self, at: int, start) -> None:
+        self.in_flight.append(_InFlight(at, self.file.coll_head, start, self._record_event()))
 
     def _describe(self, tensors) -> tuple[bytes, bytes, int]:
         """(shapes, dtypes, bytes), cached by the tensors' shapes and dtypes."""
@@ -255,11 +300,37 @@ class _Probe:
         while True:
             count += 1
             self.file.heartbeat(time.time(), count, self._traced_frame())
+            if self.in_flight:
+                self._poll_device()
             request = self.file.dump_request()
             if request != answered:
                 self._dump(request, me)
                 answered = request
             time.sleep(HEARTBEAT_S)
+
+    def _poll_device(self) -> None:
+        """Marks the calls the GPU has reached and finished since the last beat.
+        A stream runs its work in order, so the first unfinished call ends the scan."""
+        now = time.time()
+        try:
+            if not self.device_set:   # events are queried from this thread: same device
+                self.set_device(self.device)
+                self.device_set = True
+            while self.in_flight:
+                call = self.in_flight[0]
+                if not call.started:
+                    if not call.start.query():
+                        return
+                    call.started = True
+                    self.file.device_progress(call.at, call.n, False, now)
+                if not call.end.query():
+                    return
+                self.file.device_progress(call.at, call.n, True, now)
+                self.in_flight.popleft()
+                self.free_events.extend((call.start, call.end))
+        except RuntimeError:        # the CUDA context is broken (a device-side error)
+            self.on_device = False
+            self.in_flight.clear()
 
     def _dump(self, request: int, me: int) -> None:
         """Answers even when the file cannot be written (run dir gone), so the
@@ -277,3 +348,12 @@ class _Probe:
         if frame is None:
             return ""
         return stacks.frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+
+def _cuda_calls():
+    """(is the stream capturing a graph, make an event, set the thread's device):
+    torch is imported only by a probe that traces a CUDA device."""
+    import torch
+    return (torch.cuda.is_current_stream_capturing, torch.cuda.Event,
+            lambda device: torch.cuda.set_device(torch.device(device)))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from diagnose.snapshot import CollectiveRecord, KVStats, PhaseEvent, WorkerExit
 
 MAGIC = b"DIAGPRB\x00"
-VERSION = 1
+VERSION = 2
 
 NO_STEP = -(2 ** 63)        # step=None
 NO_PEER = -1                # peer=None
@@ -65,12 +65,16 @@ PHASE_RECORD = struct.Struct("<Qqdd32sQ")    # n, step, start, end (0: open), na
 PHASE_RECORD_SIZE = PHASE_RECORD.size
 PHASE_END_OFFSET = 24
 PHASE_END = struct.Struct("<d")
-COLL_RECORD = struct.Struct("<Qqqdd B3xi 16s16s16s64s96s Q")
-# n, seq, nbytes, t_enqueue, t_complete, state, peer, group, op, dtype, shapes, site, n
+COLL_RECORD = struct.Struct("<Qqqdd BB2xi 16s16s16s64s80s dd Q")
+# n, seq, nbytes, t_enqueue, t_complete, state, device, peer, group, op, dtype, shapes, site,
+# t_device_start, t_device_done, n
 COLL_RECORD_SIZE = COLL_RECORD.size
 COLL_DONE_OFFSET = 32
 COLL_DONE = struct.Struct("<dB")             # t_complete, state
 ENQUEUED, COMPLETED = 0, 1
+COLL_N = struct.Struct("<Q")
+DEVICE_TIME = struct.Struct("<d")
+DEVICE_START_OFFSET, DEVICE_DONE_OFFSET = 240, 248
 
 PHASE_RING_AT = LIVE + LIVE_SIZE
 COLL_RING_AT = PHASE_RING_AT + PHASE_CAPACITY * PHASE_RECORD_SIZE
@@ -144,13 +148,15 @@ class RunFileWriter:
         COUNTER.pack_into(self.mm, OPEN_DEPTH_AT, depth)
 
     def open_collective(self, group: str, seq: int, op: str, peer: int | None, shapes: bytes,
-                        dtype: bytes, nbytes: int, site: bytes, t_enqueue: float) -> int:
-        """Returns the record's offset, the handle complete_collective takes."""
+                        dtype: bytes, nbytes: int, site: bytes, t_enqueue: float,
+                        device: bool = False) -> int:
+        """Returns the record's offset, the handle complete_collective and
+        device_progress take."""
         n = self.coll_head = self.coll_head + 1
         at = COLL_RING_AT + (n - 1) % COLLECTIVE_CAPACITY * COLL_RECORD_SIZE
-        COLL_RECORD.pack_into(self.mm, at, n, seq, nbytes, t_enqueue, 0.0, ENQUEUED,
+        COLL_RECORD.pack_into(self.mm, at, n, seq, nbytes, t_enqueue, 0.0, ENQUEUED, device,
                               NO_PEER if peer is None else peer, group.encode(), op.encode(),
-                              dtype, shapes, site, n)
+                              dtype, shapes, site, 0.0, 0.0, n)
         COUNTER.pack_into(self.mm, COLL_HEAD_AT, n)
         return at
 
@@ -158,6 +164,14 @@ class RunFileWriter:
         """One thread makes one collective at a time, so the record is still in
         its slot: the next one is written only after this one completes."""
         COLL_DONE.pack_into(self.mm, at + COLL_DONE_OFFSET, t_complete, COMPLETED)
+
+    # Heartbeat thread: the GPU's progress through traced calls.
+
+    def device_progress(self, at: int, n: int, done: bool, t: float) -> None:
+        """Marks record n (at offset `at`) reached (done=False) or finished on the
+        device, unless a newer record has taken its slot."""
+        if COLL_N.unpack_from(self.mm, at)[0] == n:
+            DEVICE_TIME.pack_into(self.mm, at + (DEVICE_DONE_OFFSET if done else DEVICE_START_OFFSET), t)
 
     # Occasional updates.
 
@@ -232,7 +246,7 @@ def read_header(raw: bytes) -> Header:
         raise ProbeFileError(f"layout version {version}, this reader knows {VERSION}")
     if (live, phase_at, phase_cap, coll_at, coll_cap, identity_at) != (
             LIVE, PHASE_RING_AT, PHASE_CAPACITY, COLL_RING_AT, COLLECTIVE_CAPACITY, IDENTITY_AT):
-        raise ProbeFileError("layout fields do not match version 1")
+        raise ProbeFileError(f"layout fields do not match version {VERSION}")
     if size != IDENTITY_AT + identity_length:
         raise ProbeFileError(f"header says {size} bytes but identity ends at "
                              f"{IDENTITY_AT + identity_length}")
@@ -312,8 +326,8 @@ def _phase_event(chunk: bytes, n: int) -> PhaseEvent | None:
 
 
 def _collective_record(chunk: bytes, n: int) -> CollectiveRecord | None:
-    (first, seq, nbytes, t_enqueue, t_complete, state, peer, group, op, dtype, shapes, site,
-     last) = COLL_RECORD.unpack(chunk)
+    (first, seq, nbytes, t_enqueue, t_complete, state, device, peer, group, op, dtype, shapes,
+     site, t_device_start, t_device_done, last) = COLL_RECORD.unpack(chunk)
     if not first == last == n:
         return None
     done = state == COMPLETED
@@ -321,7 +335,8 @@ def _collective_record(chunk: bytes, n: int) -> CollectiveRecord | None:
         group=_text(group), seq=seq, op=_text(op), peer=None if peer == NO_PEER else peer,
         shapes=parse_shapes(_text(shapes)), dtype=_text(dtype), nbytes=nbytes,
         site=_text(site), state="completed" if done else "enqueued", t_enqueue=t_enqueue,
-        t_complete=t_complete if done else None)
+        t_complete=t_complete if done else None, device=bool(device),
+        t_device_start=t_device_start or None, t_device_done=t_device_done or None)
 
 
 def _read_exits(raw: bytes, count: int) -> list[WorkerExit]:

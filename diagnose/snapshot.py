@@ -45,7 +45,10 @@ class CollectiveRecord:
     site: str                      # "file.py:123 function"
     state: str                     # "enqueued" or "completed"
     t_enqueue: float
-    t_complete: float | None
+    t_complete: float | None       # when the host call returned
+    device: bool = False           # traced on the GPU: the two times below get filled in
+    t_device_start: float | None = None  # when the probe saw the GPU reach the call
+    t_device_done: float | None = None   # when the probe saw the GPU finish it
 
 
 @dataclass
