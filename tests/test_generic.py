@@ -1,0 +1,167 @@
+"""Generic mode: diag launch around torchrun programs we did not write for it
+(tests/programs/), with faults the programs inject themselves (TOY_FAULT)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import psutil
+
+from diagnose.analysis import CLEAN_EXIT_PHASE, analyze
+from diagnose.collector import Collector
+from diagnose.snapshot import Identity
+from diagnose.thresholds import Thresholds
+from synthetic import Job
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = os.path.join(REPO, "tests", "programs")
+BOOTSTRAP = os.path.join(REPO, "diagnose", "bootstrap")
+DETECT_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path, program, nproc, fault="", marks=()):
+    run_dir, report = tmp_path / "run", tmp_path / "report.json"
+    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
+               "--on-hang", "kill", "--json-report", str(report)]
+    command += [arg for mark in marks for arg in ("--mark", mark)]
+    command += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                "--monitor-interval", "0.5", "--master-port", str(free_port()),
+                os.path.join(PROGRAMS, program)]
+    done = subprocess.run(command, cwd=REPO, env=dict(os.environ, TOY_FAULT=fault),
+                          capture_output=True, text=True, timeout=90)
+    assert not left_behind(run_dir)
+    return done, json.loads(report.read_text()), run_dir
+
+
+def left_behind(run_dir) -> list[psutil.Process]:
+    """Processes still running with this run's DIAG_RUN_DIR (torchrun's children included)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DIAG_RUN_DIR") == str(run_dir):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def verdicts_of(body):
+    return [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]]
+
+
+def analyze_again(run_dir):
+    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir), "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return verdicts_of(json.loads(done.stdout))
+
+
+def test_healthy_run_has_no_verdict_and_no_agent_file(tmp_path):
+    done, body, run_dir = launch(tmp_path, "dp_train.py", 2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert body["verdicts"] == []
+    probes = sorted(name for name in os.listdir(run_dir) if name.endswith(".probe"))
+    assert probes == ["rank-0.probe", "rank-1.probe"]          # torchrun's agent wrote none
+    ranks = Collector(str(run_dir)).snapshot().ranks
+    assert {record.op for state in ranks.values() for record in state.collectives} == {
+        "all_reduce", "barrier"}
+    site = ranks[1].collectives[-1].site      # the program's line, not diagnose/ or torch's
+    assert site.startswith("programs/dp_train.py:") and site.endswith(" main")
+
+
+def test_rank_that_skips_all_reduce_is_named(tmp_path):
+    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "skip_allreduce:1:5")
+    assert done.returncode == 86, done.stderr[-2000:]
+    verdict = body["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"]) == ("collective_missing_peers", [1])
+    assert (verdict["group"], verdict["seq"]) == ("world", 5)
+    assert verdict["detected_after_s"] < DETECT_S
+    assert analyze_again(run_dir)[0] == ("collective_missing_peers", [1])
+
+
+def test_pipeline_stage_that_never_sends_is_named(tmp_path):
+    done, body, run_dir = launch(tmp_path, "pipeline.py", 4, "no_send:2:5")
+    assert done.returncode == 86, done.stderr[-2000:]
+    verdict = body["verdicts"][0]
+    assert verdict["culprit_ranks"] == [2]
+    assert 3 in verdict["victim_ranks"]
+    assert "recv seq 5" in verdict["summary"]
+    assert verdict["detected_after_s"] < DETECT_S
+    assert analyze_again(run_dir)[0] == (verdict["kind"], [2])
+
+
+def test_rank_that_exits_is_dead(tmp_path):
+    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "exit:1:5")
+    assert done.returncode != 0
+    verdict = body["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1])
+    assert verdict["detected_after_s"] < DETECT_S
+    assert analyze_again(run_dir)[0] == ("dead", [1])
+
+
+def test_mark_is_a_phase_and_never_reached_works(tmp_path):
+    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "late_start:1:0",
+                                 marks=["toy_steps:train_step", "toy_steps:no_such_step=x"])
+    assert done.returncode == 86, done.stderr[-2000:]
+    verdict = body["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"], verdict["phase"]) == (
+        "never_reached", [1], "train_step")
+    assert verdict["detected_after_s"] < DETECT_S
+    assert body["ranks"][0]["phase"] == "train_step"
+    assert "toy_steps has no no_such_step; mark ignored" in (run_dir / "output.log").read_text()
+    assert analyze_again(run_dir)[0] == ("never_reached", [1])
+
+
+def test_bootstrap_chains_and_stays_lazy(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("print('theirs ran')\n")
+    probe_check = "import sys; print('torch' in sys.modules, 'diagnose.generic' in sys.modules)"
+    path = os.pathsep.join([BOOTSTRAP, str(tmp_path)])
+    off = subprocess.run([sys.executable, "-c", probe_check], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=path), timeout=30)
+    assert off.stdout.split("\n")[:2] == ["theirs ran", "False False"]
+    on = subprocess.run([sys.executable, "-c", probe_check], capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=path, DIAG_RUN_DIR=str(tmp_path / "run")),
+                        timeout=30)
+    assert on.stdout.split("\n")[:2] == ["theirs ran", "False True"]
+    assert not (tmp_path / "run").exists()
+
+
+def _generic_job() -> Job:
+    job = Job(tp=1, pp=2)
+    for rank, state in job.ranks.items():
+        state.identity = Identity(role="process", rank=rank, world_size=2, tp_rank=None,
+                                  tp_size=None, pp_rank=None, pp_size=None, host="host",
+                                  pid=1000 + rank, device="cpu", groups={"world": [0, 1]})
+    return job
+
+
+def test_process_that_ended_normally_is_not_dead():
+    job = _generic_job()
+    for rank, state in job.ranks.items():
+        job.phase(state, CLEAN_EXIT_PHASE, 990.0, 990.001)
+        state.alive = False
+    job.ranks[1].phases.clear()   # rank 1 ended without the clean-exit phase
+    verdicts = analyze(job.snapshot(), Thresholds())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [("dead", [1])]
+
+
+def test_death_that_followed_a_peer_death_is_a_victim():
+    """Rank 0 died waiting in an all_reduce that dead rank 1 never joined; its
+    last heartbeat is the earlier of the two, by less than heartbeats can tell."""
+    job = _generic_job()
+    job.record(0, "world", "all_reduce", 990.0, 990.01)
+    job.record(1, "world", "all_reduce", 990.0, 990.01)
+    job.record(0, "world", "all_reduce", 990.5, None)
+    job.command_exit = 1
+    snapshot = job.snapshot()
+    for rank, beat in ((0, 990.55), (1, 990.6)):
+        snapshot.ranks[rank].alive = False
+        snapshot.ranks[rank].heartbeat_at = beat
+    verdict = analyze(snapshot, Thresholds())[0]
+    assert (verdict.kind, verdict.culprit_ranks, verdict.victim_ranks) == ("dead", [1], [0])
