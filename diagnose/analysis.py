@@ -318,8 +318,15 @@ def limit_phase(view: View, node: Node) -> str | None:
         return "execute_model"          # a message waits to be read: a step is due
     if phase is not None:
         return phase.name
+    if state.identity.role == "worker" and _last_closed(state) == "dequeue":
+        return None                     # it took a message and never began the work: no
+                                        # engine code runs long between these phases
     if state.identity.role == "worker":
         return MILESTONES[min(milestone(state) + 1, len(MILESTONES) - 1)]
+    return _last_closed(state)
+
+
+def _last_closed(state: RankState) -> str | None:
     closed = [event for event in state.phases if event.end is not None]
     return max(closed, key=lambda event: event.end).name if closed else None
 

@@ -85,8 +85,10 @@ def test_a_rank_hung_on_entering_a_start_up_phase_is_named_without_any_phase_ope
     assert verdict.evidence["open_phases"] == []
     assert verdict.detected_after_s == pytest.approx(47.0)   # since it left dequeue at 13.0
     assert "never reached init_kv_cache: stuck after dequeue for 47 s" in verdict.summary
-    job.now = 30.0                                           # 17 s: within start-up's limit
+    job.now = 14.5       # 1.5 s after it took the message: under the steady-state floor
     assert analyze(job.snapshot()) == []
+    job.now = 16.0       # nothing of the engine runs between dequeue and the next phase
+    assert only(analyze(job.snapshot()), "never_reached").culprit_ranks == [6]
 
 
 def hang_in_step_5(now_after: float, where: str = "forward_entry"):
