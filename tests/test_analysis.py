@@ -404,7 +404,7 @@ def test_thresholds_parse_auto_or_seconds():
 
 def test_auto_limits_give_start_up_far_more_time_than_a_step():
     job = Job()
-    t = job.healthy(5, job.everyone_started(seconds=3.0))
+    job.healthy(5, job.everyone_started(seconds=3.0))
     limits = StallLimits(job.snapshot(), Thresholds())
     assert all(limits.limit(name) >= 20.0 for name in STARTUP_PHASES)
     assert limits.limit("execute_model") == 2.0                # steps of 0.1 s: the floor

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import psutil
-import pytest
 
 ENGINE = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
           "-pp", "4", "--ignore-eos"]
