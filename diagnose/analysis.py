@@ -499,16 +499,39 @@ def mismatch_verdicts(view: View) -> list[Verdict]:
         reported.add(group)
         top = counts.most_common()
         majority = top[0][0] if top[0][1] > top[1][1] else None
+        rhythm = None
+        if majority is None:  # a tie (two ranks, say): the side that keeps the rhythm wins
+            rhythm = _expected_signature(view, group, seq)
+            majority = rhythm if rhythm in counts else None
         culprits = sorted(rank for rank, sig in signatures.items() if sig != majority)
         victims = sorted(rank for rank, sig in signatures.items() if sig == majority)
         calls = "; ".join(f"{rank_list(r for r, s in signatures.items() if s == sig)}: "
                           f"{_describe_call(sig)}" for sig, _ in top)
         verdicts.append(Verdict(
             kind="collective_mismatch", culprit_ranks=culprits, victim_ranks=victims,
-            summary=f"{group} seq {seq}: members disagree on the collective: {calls}",
+            summary=f"{group} seq {seq}: members disagree on the collective: {calls}"
+                    + (f"; {_describe_call(majority)} was due (the group's calls repeat), "
+                       f"so {rank_list(culprits)} skipped or added a call" if rhythm else ""),
             group=group, seq=seq, step=current_step(view.ranks[culprits[0]]),
             evidence={"calls": {str(rank): asdict(record) for rank, record in records.items()}}))
     return verdicts
+
+
+def _expected_signature(view: View, group: str, seq: int) -> tuple | None:
+    """What the group's rhythm says call `seq` should be. Engine steps repeat the
+    same calls, so it is the call one period back, among the calls every member
+    agreed on; the period is the shortest that fits the recent history."""
+    agreed = {}
+    for (name, number), records in view.joined.items():
+        signatures = {_signature(record) for record in records.values()}
+        if name == group and number < seq and len(records) > 1 and len(signatures) == 1:
+            agreed[number] = signatures.pop()
+    numbers = sorted(agreed, reverse=True)
+    for period in range(1, len(numbers) // 2 + 1):
+        recent = numbers[:2 * period]
+        if all(agreed.get(n - period, agreed[n]) == agreed[n] for n in recent):
+            return agreed.get(seq - period)
+    return None
 
 
 def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],

@@ -85,6 +85,17 @@ def test_rank5_skips_a_tp_collective(tmp_path):
     assert verdict["group"] == "tp2" and verdict["seq"] is not None
 
 
+def test_tp2_rank1_skips_a_collective_and_is_named_by_the_groups_rhythm(tmp_path):
+    """With two ranks there is no majority: rank 1's next call (the LM head's
+    all_gather) meets rank 0's all_reduce, and the steps' repeating calls say
+    which side is off."""
+    body = launch(tmp_path, "rank=1,at=forward,step=4,kind=skip_collective",
+                  ["--prompt", "hello there", "--max-tokens", "32", "-pp", "1"])
+    assert kinds(body) == [("collective_mismatch", [1])], body["stderr"][-3000:]
+    assert body["verdicts"][0]["victim_ranks"] == [0]
+    assert analyze_again(body["run_dir"]) == [("collective_mismatch", [1])]
+
+
 def test_rank2_killed(tmp_path):
     body = launch(tmp_path, "rank=2,at=execute_model,step=3,kind=crash",
                   PROMPTS + ["--max-tokens", "32"])
