@@ -473,7 +473,8 @@ def dead_verdicts(view: View, graph: dict[Node, set[Node]]) -> list[Verdict]:
 def _first_death(view: View, abnormal: list[Death]) -> Death:
     """The earliest death. Deaths closer together than heartbeats can order are
     ordered by cause: one that died waiting in a collective on another dead
-    process (a peer's reset connection ended its wait) came after it."""
+    process (a peer's reset connection ended its wait) came after it; then the
+    one that stopped making progress first is first."""
     earliest = min(death.at for death in abnormal)
     close = [death for death in abnormal if death.at - earliest <= DEATH_SLACK_S]
 
@@ -482,7 +483,8 @@ def _first_death(view: View, abnormal: list[Death]) -> Death:
         return record is not None and bool(
             record_waits(view, death.node, record) & (set(view.deaths) - {death.node}))
 
-    return min(close, key=lambda death: (waited_on_dead(death), death.at))
+    return min(close, key=lambda death: (waited_on_dead(death),
+                                         last_progress(view.state(death.node)), death.at))
 
 
 def mismatch_verdicts(view: View) -> list[Verdict]:

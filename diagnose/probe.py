@@ -135,8 +135,9 @@ class _Traced:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.file.complete_collective(self.event, time.time())
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:  # a call that raised (a peer died, say) never completed
+            self.file.complete_collective(self.event, time.time())
         return False
 
 
@@ -150,9 +151,10 @@ class _TracedOnDevice(_Traced):
         self.probe = probe
         self.start = start
 
-    def __exit__(self, *exc):
-        self.file.complete_collective(self.event, time.time())
-        self.probe.watch_device(self.event, self.start)
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.file.complete_collective(self.event, time.time())
+            self.probe.watch_device(self.event, self.start)
         return False
 
 
