@@ -31,7 +31,7 @@ CASES = [  # name, fault, expected (kind, culprits), extra launch flags
     ("hang_before_execute_model", "rank=1,at=execute_model,step=0,kind=hang",
      ("never_reached", [1]), []),
     ("skip_collective", "rank=1,at=forward,step=4,kind=skip_collective",
-     ("collective_missing_peers", [1]), []),
+     ("collective_mismatch", [1]), []),
     ("crash", "rank=1,at=execute_model,step=3,kind=crash", ("dead", [1]), []),
 ]
 
