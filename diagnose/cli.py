@@ -24,6 +24,11 @@ import os
 import signal
 import sys
 
+from diagnose import rank_env
+from diagnose.faults import parse_faults
+from diagnose.marks import parse_mark
+from diagnose.thresholds import Thresholds
+
 EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR = 0, 1, 2
 
 
@@ -65,12 +70,24 @@ def analyze_command(args) -> int:
     return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
 
 
-def _thresholds(text: str):
-    from diagnose.thresholds import ThresholdError, Thresholds
-    try:
-        return Thresholds.parse(text)
-    except ThresholdError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--stall-timeout ")) from None
+
+
+def _flag_value(flag: str, parse, keep_text: bool = True):
+    """An argparse type: parse(text) must succeed, and its ValueError is the
+    one-line message; the value is the text, or what parse made of it."""
+    def value(text: str):
+        try:
+            parsed = parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{flag} ")) from None
+        return text if keep_text else parsed
+    return value
+
+
+_thresholds = _flag_value("--stall-timeout", Thresholds.parse, keep_text=False)
+_ranks = _flag_value("--launch-blocking", rank_env.parse_ranks)
+_fault = _flag_value("--fault", parse_faults)
+_mark = _flag_value("--mark", parse_mark)
 
 
 def _read(path: str):
@@ -186,31 +203,10 @@ def _launch_options_of(args, command: list[str]):
                          faults=args.fault, json_report=args.json_report, marks=args.mark)
 
 
-def _ranks(text: str) -> str:
-    from diagnose.rank_env import parse_ranks
-    try:
-        parse_ranks(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--launch-blocking ")) from None
-    return text
 
 
-def _fault(text: str) -> str:
-    from diagnose.faults import FaultSpecError, parse_faults
-    try:
-        parse_faults(text)
-    except FaultSpecError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
 
 
-def _mark(text: str) -> str:
-    from diagnose.marks import MarkSpecError, parse_mark
-    try:
-        parse_mark(text)
-    except MarkSpecError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--mark ")) from None
-    return text
 
 
 def add_dump(commands) -> None:

@@ -124,7 +124,7 @@ def _traced_init(dist, init_process_group):
     def init(*args, **kwargs):
         global _tracing
         result = init_process_group(*args, **kwargs)
-        if probe._probe is not None:
+        if probe.is_on():
             return result
         _tracing = True
         world_size = dist.get_world_size()

@@ -71,6 +71,11 @@ def _forget():
     _probe = None
 
 
+def is_on() -> bool:
+    """Whether this process's probe was started (init ran with DIAG_RUN_DIR set)."""
+    return _probe is not None
+
+
 def phase(name, step=None):
     probe = _probe
     if probe is None:

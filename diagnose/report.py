@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from diagnose.snapshot import RankState, Snapshot, Verdict
+from diagnose.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
 
 CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
@@ -112,6 +112,11 @@ def _last_collective(state: RankState) -> str:
     if not state.collectives:
         return ""
     record = state.collectives[-1]
-    peer = f"->{record.peer}" if record.op == "send" else f"<-{record.peer}" if record.op == "recv" else ""
     waiting = " waiting" if record.state != "completed" else ""
-    return f"{record.group} {record.op}{peer} #{record.seq}{waiting}"
+    return f"{collective_label(record)}{waiting}"
+
+
+def collective_label(record: CollectiveRecord) -> str:
+    """"tp2 all_reduce #9", "pp send->6 #4", "pp recv<-4 #4"."""
+    peer = {"send": f"->{record.peer}", "recv": f"<-{record.peer}"}.get(record.op, "")
+    return f"{record.group} {record.op}{peer} #{record.seq}"

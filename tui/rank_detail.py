@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from diagnose.report import collective_label
 from diagnose.snapshot import RankState
 
 TIMELINE_LEN = 10
@@ -53,13 +54,12 @@ def timeline_text(view: RankView) -> str:
 def collectives_text(view: RankView) -> str:
     lines = []
     for record in view.state.collectives[-COLLECTIVES_LEN:]:
-        peer = {"send": f"->{record.peer}", "recv": f"<-{record.peer}"}.get(record.op, "")
         shapes = " ".join("x".join(map(str, shape)) for shape in record.shapes)
         if record.t_complete is not None:
             done = f"done in {1000 * (record.t_complete - record.t_enqueue):.1f}ms"
         else:
             done = f"waiting {view.now - record.t_enqueue:.1f}s"
-        lines.append(f"{record.group} {record.op}{peer} #{record.seq} [{shapes}] {record.dtype}  {done}  {record.site}")
+        lines.append(f"{collective_label(record)} [{shapes}] {record.dtype}  {done}  {record.site}")
     return "\n".join(lines) or "no collective yet"
 
 
