@@ -24,7 +24,9 @@ host returns from a collective once it is enqueued: a call the device has not
 finished still counts as unfinished, and a rank whose GPU has not even reached
 it waits on no one but its own GPU (`gpu_stuck`). A job that
 hung and was then stopped is judged as it stood just before its first death,
-so the hang, not the kill, is named.
+so the hang, not the kill, is named. In a multi-node job, a node whose agent
+went silent is `node_lost`: the verdicts that blame its ranks, whose state is
+stale, give way to that one.
 
 The driver is not a rank: where it is a culprit or a victim, verdicts say so
 in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
@@ -36,7 +38,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from statistics import median
 
-from diagnose.snapshot import (CollectiveRecord, PhaseEvent, RankState, Snapshot,
+from diagnose.snapshot import (CollectiveRecord, NodeState, PhaseEvent, RankState, Snapshot,
                                STARTUP_PHASES, Verdict)
 from diagnose.thresholds import StallLimits, Thresholds
 
@@ -52,7 +54,12 @@ Node = int | str                       # a worker rank, or DRIVER
 
 def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
     """Verdicts, the most likely root cause first; an empty list means healthy."""
-    thresholds = thresholds or Thresholds()
+    verdicts = _judge(snapshot, thresholds or Thresholds())
+    lost = [node for node in snapshot.nodes if node.lost]
+    return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts
+
+
+def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     view = View(snapshot)
     if view.deaths:
         # A job that hung and was then stopped: the hang, seen as it stood just
@@ -68,6 +75,30 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
     limits = StallLimits(snapshot, thresholds)
     verdicts = dead_verdicts(view, wait_for_graph(view)) + hang_verdicts(view, limits)
     return verdicts + straggler_verdicts(view, thresholds)
+
+
+def node_lost_verdicts(lost: list[NodeState], verdicts: list[Verdict],
+                       now: float) -> list[Verdict]:
+    """A lost node's ranks are known only as they stood when its agent went
+    silent, so the verdicts that blame them give way to one naming the node."""
+    lost_ranks = {rank for node in lost for rank in node.ranks}
+    blamed = [verdict for verdict in verdicts if set(verdict.culprit_ranks) & lost_ranks]
+    waiting = sorted({rank for verdict in blamed for rank in verdict.victim_ranks} - lost_ranks)
+    kept = [verdict for verdict in verdicts if verdict not in blamed]
+    return [_node_lost(node, waiting, now) for node in lost] + kept
+
+
+def _node_lost(node: NodeState, waiting: list[int], now: float) -> Verdict:
+    silence = ("never reported" if node.last_seen is None
+               else f"last reported {now - node.last_seen:.1f}s ago")
+    ranks = rank_list(node.ranks) if node.ranks else "ranks unknown"
+    summary = (f"node {node.node_rank} ({node.host or 'host unknown'}, {ranks}) is lost: its "
+               f"agent {silence}; what its ranks did since is unknown")
+    if waiting:
+        summary += f"; {rank_list(waiting)} {_verb(waiting)} on it"
+    return Verdict(kind="node_lost", culprit_ranks=list(node.ranks), victim_ranks=waiting,
+                   summary=summary, evidence={"node_rank": node.node_rank, "host": node.host,
+                                              "last_seen": node.last_seen})
 
 
 def rewind(snapshot: Snapshot, when: float) -> Snapshot:

@@ -174,20 +174,32 @@ def _launch_options(parser) -> None:
       help="make calls of this function a phase, e.g. "
            "vllm.v1.worker.gpu_worker:Worker.execute_model (repeatable)")
     a("--tui", action="store_true", help="show the live TUI in front of the command")
+    a("--nnodes", type=_count, default=1, help="nodes of a multi-node job: one diag launch "
+      "per node, sharing the token in $DIAG_NODE_TOKEN (default 1)")
+    a("--node-rank", type=_count, default=0, help="this node's rank; node 0 is the head")
+    a("--listen", metavar="HOST:PORT", help="the head: where the other nodes report to")
+    a("--head", metavar="HOST:PORT", help="another node: the head's --listen address")
 
 
 def launch_command(args) -> int:
     from diagnose.launch import Launcher
     from diagnose.live import print_outcome, run_with_live_view, run_with_tui
+    from diagnose.nodes import NodeError
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("launch needs a command after --, e.g. diag launch -- python -m engine serve")
-    launcher = Launcher(_launch_options_of(args, command))
+    _check_nodes(args)
+    try:
+        launcher = Launcher(_launch_options_of(args, command))
+    except NodeError as error:
+        raise UsageError(str(error)) from None
     try:
         outcome = run_with_tui(launcher) if args.tui else run_with_live_view(launcher)
     except FileNotFoundError as error:
         raise UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
+    except NodeError as error:    # the head refused this node
+        raise UsageError(str(error)) from None
     print_outcome(launcher, outcome)
     if args.relaunch_on_cuda_error:
         from diagnose.launch import relaunch_on_cuda_error
@@ -195,12 +207,35 @@ def launch_command(args) -> int:
     return outcome.exit_code
 
 
+def _check_nodes(args) -> None:
+    if args.nnodes < 1 or args.node_rank >= args.nnodes:
+        raise UsageError(f"--node-rank must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
+    if args.nnodes == 1 and (args.listen or args.head):
+        raise UsageError("--listen and --head are for multi-node launches (--nnodes 2 or more)")
+    if args.nnodes > 1 and args.node_rank == 0 and not args.listen:
+        raise UsageError("node 0 is the head of a multi-node launch: give --listen HOST:PORT")
+    if args.node_rank > 0 and not args.head:
+        raise UsageError(f"node {args.node_rank} reports to the head: give --head HOST:PORT")
+    if args.node_rank > 0 and args.listen:
+        raise UsageError("only the head (--node-rank 0) listens")
+    if args.node_rank == 0 and args.head:
+        raise UsageError("the head (--node-rank 0) takes --listen, not --head")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}")
+    return int(text)
+
+
 def _launch_options_of(args, command: list[str]):
     from diagnose.launch import LaunchOptions, default_run_dir
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
                          thresholds=args.stall_timeout, on_hang=args.on_hang,
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
-                         faults=args.fault, json_report=args.json_report, marks=args.mark)
+                         faults=args.fault, json_report=args.json_report, marks=args.mark,
+                         nnodes=args.nnodes, node_rank=args.node_rank, listen=args.listen,
+                         head=args.head)
 
 
 

@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from diagnose import runfile
+from diagnose import nodes, runfile
 from diagnose.snapshot import FaultRecord, Identity, RankState, Snapshot
 
 EXIT_FILE = "exit.json"  # written by diag launch when the command ends
@@ -50,9 +50,12 @@ class Collector:
                                   f"appears twice, skipped")
             else:
                 ranks[state.identity.rank] = state
-        return Snapshot(taken_at=time.time(), run_dir=self.run_dir,
-                        ranks=dict(sorted(ranks.items())), driver=driver,
-                        command_exit=self._command_exit())
+        snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
+                            ranks=dict(sorted(ranks.items())), driver=driver,
+                            command_exit=self._command_exit())
+        reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
+        self.notes += notes
+        return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
 
     def _command_exit(self) -> int | None:
         """The wrapped command's exit code, once `diag launch` has seen it end."""

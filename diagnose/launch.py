@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 
-from diagnose import faults, marks, probe, rank_env, report
+from diagnose import faults, marks, nodes, probe, rank_env, report
 from diagnose.analysis import analyze
 from diagnose.collector import EXIT_FILE, Collector, request_dump
 from diagnose.snapshot import Snapshot, Verdict
@@ -32,9 +32,10 @@ EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks' dump
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 HANG_KINDS = frozenset({"never_reached", "stuck_in_phase", "collective_missing_peers", "gpu_stuck",
-                        "collective_mismatch", "broadcast_not_consumed", "dead"})
+                        "collective_mismatch", "broadcast_not_consumed", "dead", "node_lost"})
 
 
 @dataclass
@@ -49,6 +50,10 @@ class LaunchOptions:
     json_report: str | None = None
     marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
     echo_output: bool = True            # copy the command's output to our stderr
+    nnodes: int = 1                     # multi-node: the head listens, the others report to it
+    node_rank: int = 0
+    listen: str | None = None           # the head: HOST:PORT its agents report to
+    head: str | None = None             # an agent: the head's HOST:PORT
 
 
 @dataclass
@@ -82,6 +87,13 @@ class Launcher:
             faults.parse_faults(spec)
         os.makedirs(opts.run_dir, exist_ok=True)
         clear_run_files(opts.run_dir)  # a reused run dir must not show the last run's ranks
+        self.hub = self.agent = None
+        if opts.listen:
+            self.hub = nodes.NodeHub(opts.listen, nodes.token_from_env(), opts.run_dir,
+                                     opts.nnodes)
+        elif opts.head:
+            self.agent = nodes.NodeAgent(opts.head, nodes.token_from_env(), opts.node_rank)
+        self.dumps_done = 0                 # an agent: the head's dump requests carried out
         self.collector = Collector(opts.run_dir)
         self.proc: subprocess.Popen | None = None
         self.reported: set[tuple] = set()
@@ -90,6 +102,7 @@ class Launcher:
         chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
+        self.stop_code = EXIT_STOPPED
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
@@ -139,8 +152,31 @@ class Launcher:
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
         self.snapshot = snapshot
-        self.verdicts = analyze(snapshot, self.thresholds)
+        if self.agent:
+            self._report_to_head(finished=False)
+        else:
+            self.verdicts = analyze(snapshot, self.thresholds)
+        if self.hub:
+            self.hub.share_verdicts(self.verdicts)
         return self.verdicts
+
+    def _report_to_head(self, finished: bool) -> None:
+        """An agent's poll: the head judges every node's ranks; this node carries
+        out the head's dump and stop requests."""
+        reply = self.agent.publish(self.snapshot.ranks, self.snapshot.command_exit,
+                                   self.dumps_done, finished)
+        if reply is None:
+            return
+        try:
+            self.verdicts = [Verdict(**verdict) for verdict in reply.verdicts]
+        except TypeError:
+            self.verdicts = []
+        if reply.dump > self.dumps_done:      # the next report carries the stacks
+            request_dump(self.opts.run_dir)
+            self.dumps_done = reply.dump
+        if reply.stop is not None and not finished:
+            self.stop_code = reply.stop
+            self._stop.set()
 
     def new_hangs(self) -> list[Verdict]:
         fresh = [v for v in self.verdicts if v.kind in HANG_KINDS
@@ -156,25 +192,39 @@ class Launcher:
                 if self._restart.is_set():
                     self._restart_command()
                 if self._stop.is_set():
-                    return self._end(EXIT_STOPPED)
+                    return self._end(self.stop_code, stopped=True)
                 self.poll()
                 on_update(self)
-                if self.new_hangs() and self.opts.on_hang != "wait":
+                if self.new_hangs() and self.opts.on_hang != "wait" and not self.agent:
                     self.write_report(dump=True)
                     if self.opts.on_hang == "kill":
-                        return self._end(EXIT_HUNG)
+                        return self._end(EXIT_HUNG, stopped=True)
                 time.sleep(POLL_S)
             self.poll()
             on_update(self)
             self.write_report(dump=False)
-            return self._end(self.proc.returncode)
+            return self._end(self.proc.returncode, stopped=False)
         finally:
             self.stop()
+            self._leave_nodes()
 
-    def _end(self, exit_code: int) -> Outcome:
+    def _end(self, exit_code: int, stopped: bool) -> Outcome:
+        if self.hub and stopped:      # the other nodes' ranks end with this run
+            self.hub.stop_agents(exit_code, wait_s=0)
         self.stop()
         self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode})
         return Outcome(exit_code, self.verdicts, self.report_path)
+
+    def _leave_nodes(self) -> None:
+        if self.agent and self.snapshot is not None:
+            self.snapshot.command_exit = self.proc.returncode
+            self._report_to_head(finished=True)
+        if self.agent:
+            self.agent.close()
+        if self.hub:   # a headless engine node ends once its head is gone; else it is told to
+            if not self.hub.wait_for_agents(STOP_GRACE_S):
+                self.hub.stop_agents(EXIT_STOPPED, wait_s=STOP_GRACE_S)
+            self.hub.close()
 
     # -- the TUI's controller -------------------------------------------
     def request_stop(self) -> None:
@@ -209,6 +259,8 @@ class Launcher:
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
             notes += request_dump(self.opts.run_dir)
+            if self.hub:
+                notes += self.hub.request_dump(wait_s=NODE_DUMP_WAIT_S)
             dumped = self.collector.snapshot()  # holds the stacks files the ranks just wrote
             body["stacks"] = self._stacks(dumped)
             body["py_spy"], spy_notes = py_spy_all(dumped)
@@ -301,8 +353,8 @@ def _read_output(run_dir: str) -> str:
 def clear_run_files(run_dir: str) -> None:
     """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
     for name in os.listdir(run_dir):
-        if name.endswith(".probe") or name.startswith("stacks-") or name in (EXIT_FILE,
-                                                                              "report.json"):
+        if (name.endswith(".probe") or name.startswith(("stacks-", "node-"))
+                or name in (EXIT_FILE, "report.json")):
             os.remove(os.path.join(run_dir, name))
 
 

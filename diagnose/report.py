@@ -16,7 +16,7 @@ from diagnose.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
 
 CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
-CULPRIT_NAME = r"^(rank \d+(?: \([^)]*\))?|the driver)"     # a summary starts with the culprit
+CULPRIT_NAME = r"^((?:rank|node) \d+(?: \([^)]*\))?|the driver)"     # a summary starts with the culprit
 VICTIMS_TAIL = r"(?<=; )[^;]*(?= waits? on it$)"
 
 

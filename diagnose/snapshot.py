@@ -97,6 +97,17 @@ class RankState:
 
 
 @dataclass
+class NodeState:
+    """Another node of a multi-node job, as the head's collector last heard from it."""
+    node_rank: int
+    host: str
+    ranks: list[int]               # the ranks its last snapshot held
+    last_seen: float | None        # when its agent last published; None: never
+    finished: bool = False         # its command ended and its agent said goodbye
+    lost: bool = False             # its agent went silent while the job ran
+
+
+@dataclass
 class Snapshot:
     taken_at: float
     run_dir: str
@@ -104,12 +115,13 @@ class Snapshot:
     driver: RankState | None = None
     command_exit: int | None = None  # the wrapped command's exit code, once it ended
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
+    nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
 
 
 @dataclass
 class Verdict:
     kind: str   # never_reached, stuck_in_phase, collective_missing_peers, collective_mismatch,
-                # dead, straggler, broadcast_not_consumed
+                # dead, straggler, broadcast_not_consumed, gpu_stuck, node_lost
     culprit_ranks: list[int]
     victim_ranks: list[int]
     summary: str
@@ -119,3 +131,24 @@ class Verdict:
     seq: int | None = None
     detected_after_s: float | None = None
     evidence: dict = field(default_factory=dict)
+
+
+def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
+    """RankStates from their dataclasses.asdict() form (a node's published snapshot);
+    ValueError on anything malformed."""
+    try:
+        return {int(rank): _rank_state(state) for rank, state in ranks.items()}
+    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        raise ValueError(f"malformed rank state: {error}") from None
+
+
+def _rank_state(data: dict) -> RankState:
+    data = dict(data)
+    data["identity"] = Identity(**data["identity"])
+    data["open_phases"] = [PhaseEvent(**event) for event in data["open_phases"]]
+    data["phases"] = [PhaseEvent(**event) for event in data["phases"]]
+    data["collectives"] = [CollectiveRecord(**record) for record in data["collectives"]]
+    data["kv"] = KVStats(**data["kv"]) if data.get("kv") else None
+    data["fault"] = FaultRecord(**data["fault"]) if data.get("fault") else None
+    data["worker_exits"] = [WorkerExit(**exit) for exit in data.get("worker_exits", [])]
+    return RankState(**data)

@@ -1,5 +1,6 @@
 """A data-parallel training loop, run by torchrun: every rank trains a copy of
 a small model and averages its gradients with all_reduce. Faults: toy_steps."""
+import os
 import time
 
 import torch
@@ -7,7 +8,7 @@ import torch.distributed as dist
 
 import toy_steps
 
-STEPS = 40
+STEPS = int(os.environ.get("TOY_STEPS", "40"))
 STEP_S = 0.05
 
 
