@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,10 +17,14 @@ from diagnose.stacks import py_spy_dump
 
 
 def py_spy_all(snapshot: Snapshot, native: bool = False) -> tuple[dict, list[str]]:
-    """py-spy every live rank at once: one slow rank must not delay the rest."""
-    live = {str(rank): s.identity.pid for rank, s in snapshot.ranks.items() if s.alive}
-    if snapshot.driver is not None and snapshot.driver.alive:
-        live["driver"] = snapshot.driver.identity.pid
+    """py-spy every live rank of this host at once: one slow rank must not delay
+    the rest. Ranks on other nodes have only their probe's stacks."""
+    states = {str(rank): state for rank, state in snapshot.ranks.items()}
+    if snapshot.driver is not None:
+        states["driver"] = snapshot.driver
+    here = socket.gethostname()
+    live = {name: s.identity.pid for name, s in states.items()
+            if s.alive and s.identity.host == here}
     with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
         dumps = dict(zip(live, pool.map(lambda pid: py_spy_dump(pid, native), live.values())))
     notes = [f"{name}: {d.note}" for name, d in dumps.items() if d.note]
