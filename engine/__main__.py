@@ -10,6 +10,7 @@ from engine.args import add_engine_args, config_from_args
 from engine.bench import add_bench_args
 from engine.executor import WorkerDiedError
 from engine.loader import ModelError
+from engine.node import NodeError, run_node
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -20,6 +21,8 @@ def _generate(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, seed=args.request_seed,
                             stop=args.stop or [], ignore_eos=args.ignore_eos)
     params.validate()
+    if not args.prompt:
+        raise ValueError("generate needs at least one --prompt")
     if any(not p for p in args.prompt):
         raise ValueError("--prompt must not be empty")
     with LLM(**vars(config_from_args(args))) as llm:
@@ -43,6 +46,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from engine.bench import bench_main
 
+    if args.sweep and args.nnodes > 1:
+        raise ValueError("--sweep starts one engine per value; run multi-node benches one at a time")
+
     return bench_main(args)
 
 
@@ -51,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for prompts, offline")
     add_engine_args(gen)
-    gen.add_argument("--prompt", action="append", required=True)
+    gen.add_argument("--prompt", action="append", help="repeatable; not needed with --node-rank > 0")
     gen.add_argument("--max-tokens", type=int, default=16)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -78,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
+        if args.node_rank > 0:  # headless: this node's ranks only, until the head is done
+            return run_node(config_from_args(args))
         return args.run(args)
-    except (ValueError, ModelError, WorkerDiedError) as e:
+    except (ValueError, ModelError, WorkerDiedError, NodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -27,6 +27,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     a("--max-concurrent-batches", type=int, default=d.max_concurrent_batches)
     a("--enforce-eager", action="store_true")
     a("--seed", type=int, default=d.seed)
+    nodes = parser.add_argument_group("multi-node (node 0 is the head; the others run headless)")
+    nodes.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks are spread over")
+    nodes.add_argument("--node-rank", type=int, default=d.node_rank,
+                       help="this machine's index; it runs ranks [node-rank * k, (node-rank + 1) * k)")
+    nodes.add_argument("--master-addr", default=d.master_addr,
+                       help="the head's address: torch.distributed's rendezvous and the node links")
+    nodes.add_argument("--master-port", type=int, default=d.master_port,
+                       help="rendezvous port; the head also listens on port + 1 (default: free port, one node only)")
+    nodes.add_argument("--node-timeout", type=float, default=d.node_timeout,
+                       help="seconds to wait for the other nodes to join")
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

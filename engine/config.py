@@ -23,10 +23,23 @@ class EngineConfig:
     max_concurrent_batches: int | None = None  # None: pipeline_parallel_size
     enforce_eager: bool = False
     seed: int = 0
+    nnodes: int = 1
+    node_rank: int = 0                   # 0: the head (scheduler + its workers); > 0: headless
+    master_addr: str = "127.0.0.1"       # torch.distributed's rendezvous; the head listens on it
+    master_port: int | None = None       # None: any free port (one node only)
+    node_timeout: float = 120.0          # seconds the head waits for every node to join
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def node_ranks(self, node_rank: int) -> range:
+        """The global ranks node node_rank runs: a contiguous block."""
+        return range(node_rank * self.ranks_per_node, (node_rank + 1) * self.ranks_per_node)
 
     @property
     def batch_queue_size(self) -> int:
@@ -51,7 +64,26 @@ class EngineConfig:
             raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        self._validate_nodes()
         if not self.enable_chunked_prefill and self.max_model_len and \
                 self.max_num_batched_tokens < self.max_model_len:
             raise ValueError("without chunked prefill, --max-num-batched-tokens must be at least "
                              f"--max-model-len ({self.max_model_len})")
+
+    def _validate_nodes(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in 0..{self.nnodes - 1} "
+                             f"(--nnodes {self.nnodes}), got {self.node_rank}")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"--nnodes {self.nnodes} does not divide the {self.world_size} ranks "
+                             f"(tp {self.tensor_parallel_size} x pp {self.pipeline_parallel_size})")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("--master-port is required with --nnodes > 1 "
+                             "(every node must name the same port)")
+        if self.master_port is not None and not 1 <= self.master_port < 65535:
+            raise ValueError(f"--master-port must be in 1..65534 (the head also listens on "
+                             f"port + 1), got {self.master_port}")
+        if self.node_timeout <= 0:
+            raise ValueError(f"--node-timeout must be positive, got {self.node_timeout:g}")

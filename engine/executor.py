@@ -1,16 +1,19 @@
-"""Spawns the TP x PP worker processes and talks to them only through collective_rpc.
+"""The driver's view of all TP x PP workers, talked to only through collective_rpc.
 
-Requests go out through the shared-memory ring (every worker reads every
-message); replies come back on one pipe per worker. While waiting, the
-executor watches every worker's process sentinel, so a dead worker is an
-error within a poll interval, never a hang.
+Every message goes to every rank: into this node's shared-memory ring, and,
+in a multi-node run, over each headless node's link to its relay (node.py),
+which puts it into that node's ring. Replies come back on one pipe per local
+worker and over the links; each rank's are kept in order until asked for.
+While waiting, the executor watches every local worker's process sentinel and
+every link, so a dead worker anywhere is an error within a poll interval,
+never a hang.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import signal
+import dataclasses
 import socket
-import time
+from collections import deque
+from contextlib import contextmanager
 from multiprocessing.connection import wait
 
 import torch
@@ -18,25 +21,14 @@ import torch
 from diagnose import probe
 from engine.communicator import Layout
 from engine.config import EngineConfig
-from engine.shm_ring import ShmRing
-from engine.worker import WorkerArgs, worker_main
-
-POLL_S = 0.5
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process ended while the engine needed it."""
+from engine.local_workers import (DEAD_GRACE_S, POLL_S, STOP_GRACE_S, LocalWorkers,
+                                  WorkerDiedError)
+from engine.node import RemoteNode, accept_nodes, init_method
 
 
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        return f"was killed by signal {signal.Signals(-exitcode).name}"
-    return f"exited with code {exitcode}"
-
-
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -44,28 +36,24 @@ class Executor:
     def __init__(self, config: EngineConfig, device: str, dtype: torch.dtype):
         self.layout = Layout(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.output_rank = self.layout.rank(self.layout.pp_size - 1, 0)
-        self.ring = ShmRing.create(n_readers=self.layout.world_size)
+        self.replies: dict[int, deque] = {rank: deque() for rank in range(self.layout.world_size)}
         self.dead: WorkerDiedError | None = None
-        self.procs, self.conns = [], []
+        self.closed = False
+        self.nodes: list[RemoteNode] = []
+        self.local: LocalWorkers | None = None
+        if config.master_port is None:
+            config = dataclasses.replace(config, master_port=_free_port(config.master_addr))
         try:
-            self._spawn_workers(config, device, dtype)
+            self.nodes = accept_nodes(config, device, dtype) if config.nnodes > 1 else []
+            self.local = LocalWorkers(config, device, dtype, config.node_ranks(0), init_method(config))
         except BaseException:
-            self.shutdown()  # the ring and any worker already started go too
+            self.shutdown()  # the nodes that joined, and any worker already started, go too
             raise
 
-    def _spawn_workers(self, config: EngineConfig, device: str, dtype: torch.dtype) -> None:
-        ctx = mp.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        for rank in range(self.layout.world_size):
-            args = WorkerArgs(config, rank, init_method, self.ring.handle, device, dtype,
-                              parent_pid=mp.current_process().pid)
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=worker_main, args=(args, writer), daemon=True,
-                               name=f"engine-rank-{rank}")
-            proc.start()
-            writer.close()
-            self.procs.append(proc)
-            self.conns.append(reader)
+    @property
+    def procs(self) -> list:
+        """This node's worker processes."""
+        return self.local.procs
 
     # -- talking to workers ----------------------------------------------
     def collective_rpc(self, method: str, args: tuple = (), output_rank: int | None = None):
@@ -76,21 +64,16 @@ class Executor:
 
     def submit(self, method: str, args: tuple = (), output_rank: int | None = None) -> None:
         self.check_workers()
-        written = self.ring.enqueue((method, args, output_rank), should_abort=self.check_workers)
+        message = (method, args, output_rank)
+        for node in self.nodes:
+            node.send(message)
+        written = self.local.submit(message, should_abort=self.check_workers)
         probe.ring_state(written)
 
     def wait_reply(self, rank: int):
-        conn = self.conns[rank]
-        while not conn.poll():
-            wait([conn] + [p.sentinel for p in self.procs], timeout=POLL_S)
-            if not conn.poll():
-                self.check_workers()
-        try:
-            return conn.recv()
-        except EOFError:  # the worker closed its pipe: it is exiting
-            self.procs[rank].join(timeout=POLL_S)
-            self.check_workers()
-            raise WorkerDiedError(f"rank {rank} closed its reply pipe")
+        while not self.replies[rank]:
+            self._collect(timeout=POLL_S)
+        return self.replies[rank].popleft()
 
     def execute_model(self, scheduler_output):
         self.submit("execute_model", (scheduler_output,), self.output_rank)
@@ -98,36 +81,43 @@ class Executor:
 
     # -- health and lifetime ----------------------------------------------
     def check_workers(self) -> None:
-        """Raise WorkerDiedError naming the first dead worker."""
+        """Raise WorkerDiedError naming the first dead worker (or lost node)."""
+        self._collect(timeout=0)
+
+    def _collect(self, timeout: float) -> None:
+        """Wait up to timeout for anything from any worker: keep replies, raise on a death."""
+        with self._noting_death():
+            links = [node.sock for node in self.nodes]
+            ready = wait(links + self.local.waitables(), timeout=timeout)
+            # The links first: a remote death can make local workers fail after it.
+            for node in self.nodes:
+                if node.sock in ready:
+                    rank, reply = node.receive()
+                    self.replies[rank].append(reply)
+            for rank, reply in self.local.take_replies():
+                self.replies[rank].append(reply)
+            self.local.check()
+
+    @contextmanager
+    def _noting_death(self):
+        """The first death is the error from then on."""
         if self.dead:
             raise self.dead
-        for rank, proc in enumerate(self.procs):
-            if proc.exitcode is not None:
-                probe.worker_exit(rank, proc.exitcode)
-                tp, pp = rank % self.layout.tp_size, rank // self.layout.tp_size
-                self.dead = WorkerDiedError(
-                    f"rank {rank} (pp {pp}/{self.layout.pp_size}, tp {tp}) "
-                    f"{describe_exit(proc.exitcode)}")
-                raise self.dead
+        try:
+            yield
+        except WorkerDiedError as error:
+            if error.exitcode is not None:
+                probe.worker_exit(error.rank, error.exitcode)
+            self.dead = error
+            raise
 
     def shutdown(self) -> None:
-        if self.ring is None:
+        if self.closed:
             return
+        self.closed = True
         with probe.phase("shutdown"):
-            self._stop_workers()
-
-    def _stop_workers(self) -> None:
-        """Workers leave their loop when the ring closes; a worker stuck elsewhere
-        (in a collective with a dead peer, say) is killed after a grace period."""
-        self.ring.close()
-        deadline = time.monotonic() + (1.0 if self.dead else 5.0)
-        for proc in self.procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-        for conn in self.conns:
-            conn.close()
-        self.ring.release()
-        self.ring = None
+            grace_s = DEAD_GRACE_S if self.dead else STOP_GRACE_S
+            for node in self.nodes:
+                node.close(grace_s)
+            if self.local is not None:
+                self.local.shutdown(grace_s)

@@ -21,7 +21,8 @@ from engine.shm_ring import RingClosed, ShmRing
 @dataclass
 class WorkerArgs:
     config: EngineConfig
-    rank: int
+    rank: int            # global: the torch.distributed rank
+    local_rank: int      # on this node: the ring reader index and the CUDA device
     init_method: str
     ring_handle: tuple
     device: str          # "cpu" or "cuda"
@@ -75,9 +76,9 @@ class Worker:
 
 def _pick_device(args: WorkerArgs) -> torch.device:
     if args.device == "cuda":
-        return torch.device("cuda", args.rank % torch.cuda.device_count())
-    # Ranks share the machine's cores: more threads each only contend.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.config.world_size))
+        return torch.device("cuda", args.local_rank % torch.cuda.device_count())
+    # A node's ranks share its cores: more threads each only contend.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.config.ranks_per_node))
     return torch.device("cpu")
 
 
@@ -95,7 +96,7 @@ def worker_main(args: WorkerArgs, reply_conn) -> None:
     try:
         worker = Worker(args)
         try:
-            _busy_loop(worker, ring, args.rank, reply_conn)
+            _busy_loop(worker, ring, args, reply_conn)
         finally:
             worker.comm.close()
     except RingClosed:
@@ -108,12 +109,13 @@ def worker_main(args: WorkerArgs, reply_conn) -> None:
         ring.release()
 
 
-def _busy_loop(worker: Worker, ring: ShmRing, rank: int, reply_conn) -> None:
+def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_conn) -> None:
     """The dequeue phase's step is the engine step the rank expects next."""
+    rank = worker_args.rank
     messages, next_step = 0, 0
     while True:
         with probe.phase("dequeue", step=next_step):
-            method, args, output_rank = ring.dequeue(rank)
+            method, args, output_rank = ring.dequeue(worker_args.local_rank)
         messages += 1
         probe.ring_read(messages)
         result = getattr(worker, method)(*args)
