@@ -1,6 +1,7 @@
 """Multi-node diag launch: two "nodes" on this machine, each a diag launch with
 its own run dir and node rank, the second reporting to the head over TCP.
-The workload is a real two-node torchrun job (gloo), 2 ranks per node."""
+The workloads are real two-node jobs, 2 ranks per node: the engine at tp=2
+pp=2 (ranks 2-3, the last stage, on node 1), and a torchrun training job."""
 import json
 import os
 import signal
@@ -11,34 +12,48 @@ import time
 import pytest
 
 from test_generic import PROGRAMS, REPO, free_port, left_behind
+from test_multinode import _free_port_pair
 
 TOKEN = "test-token-4f1c"
 DETECT_S = 5.0
 
 
-class TwoNodes:
-    """The head (node 0) and node 1, each `diag launch -- torchrun --nnodes 2 ...`."""
+def torchrun_job(node_rank, master_port):
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--node-rank", str(node_rank), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(master_port), "--monitor-interval", "0.5",
+            os.path.join(PROGRAMS, "dp_train.py")]
 
-    def __init__(self, tmp_path, toy_fault="", toy_steps=40, node1_token=TOKEN):
-        self.tmp = tmp_path
+
+def engine_job(node_rank, master_port):
+    command = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
+               "-pp", "2", "--nnodes", "2", "--node-rank", str(node_rank),
+               "--master-port", str(master_port)]
+    if node_rank == 0:
+        command += ["--prompt", "The head names the culprit", "--max-tokens", "32"]
+    return command
+
+
+class TwoNodes:
+    """The head (node 0) and node 1, each `diag launch [node flags] -- job`."""
+
+    def __init__(self, tmp_path, job=torchrun_job, toy_fault="", toy_steps=40,
+                 node1_token=TOKEN, node1_flags=()):
         self.head_dir, self.node_dir = tmp_path / "head", tmp_path / "node1"
         self.report = tmp_path / "head-report.json"
-        master, listen = free_port(), free_port()
+        master, listen = _free_port_pair(), free_port()
         env = dict(os.environ, TOY_FAULT=toy_fault, TOY_STEPS=str(toy_steps),
                    DIAG_NODE_TOKEN=TOKEN)
         self.head = self._start(0, ["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",
-                                    "--json-report", str(self.report)], master, env)
+                                    "--json-report", str(self.report)], job(0, master), env)
         env = dict(env, DIAG_NODE_TOKEN=node1_token)
-        self.node1 = self._start(1, ["--head", f"127.0.0.1:{listen}"], master, env)
+        self.node1 = self._start(1, ["--head", f"127.0.0.1:{listen}", *node1_flags],
+                                 job(1, master), env)
 
-    def _start(self, node_rank, flags, master_port, env):
+    def _start(self, node_rank, flags, job, env):
         run_dir = self.head_dir if node_rank == 0 else self.node_dir
         command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-                   "--nnodes", "2", "--node-rank", str(node_rank), *flags, "--",
-                   sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                   "--node-rank", str(node_rank), "--nproc-per-node", "2",
-                   "--master-addr", "127.0.0.1", "--master-port", str(master_port),
-                   "--monitor-interval", "0.5", os.path.join(PROGRAMS, "dp_train.py")]
+                   "--nnodes", "2", "--node-rank", str(node_rank), *flags, "--", *job]
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
@@ -78,7 +93,19 @@ def two_nodes(tmp_path):
         nodes.kill()
 
 
-def test_the_head_names_a_culprit_on_the_second_node(two_nodes):
+def test_engine_across_two_nodes_the_head_names_rank_3_on_node_1(two_nodes):
+    nodes = two_nodes(job=engine_job,
+                      node1_flags=["--fault", "rank=3,at=execute_model,step=0,kind=hang"])
+    (head_code, head_err), (node_code, node_err) = nodes.wait()
+    assert (head_code, node_code) == (86, 86), head_err + node_err
+    verdict = nodes.head_report()["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"]) == ("never_reached", [3])
+    assert 2 in verdict["victim_ranks"] and verdict["detected_after_s"] <= DETECT_S
+    assert {"0", "1", "2", "3"} <= set(nodes.head_report()["stacks"])
+    nodes.assert_nothing_left()
+
+
+def test_torchrun_across_two_nodes_the_head_names_rank_3(two_nodes):
     nodes = two_nodes(toy_fault="skip_allreduce:3:5")
     (head_code, head_err), (node_code, node_err) = nodes.wait()
     assert (head_code, node_code) == (86, 86), head_err + node_err
