@@ -6,14 +6,23 @@ global check. When on, the process that calls `init` writes `rank-{R}.probe`
 (the driver: `driver.probe`). Phases and collectives are meant to be entered by
 one thread (the engine loop); the heartbeat thread reports that thread's frame
 and writes `stacks-{R}.json` when the collector asks for a dump.
+
+Two more files say how a rank ended, when it ended badly: `error-{R}.json`, the
+exception that last left a phase (with its traceback, written before any
+clean-up runs), and `fatal-{R}.txt`, every thread's Python stack on a fatal
+signal such as the SIGABRT of NCCL's watchdog (faulthandler).
 """
 from __future__ import annotations
 
+import atexit
+import faulthandler
+import json
 import os
 import socket
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 
 from diagnose import faults, rank_env, runfile, stacks
@@ -23,11 +32,13 @@ HEARTBEAT_S = 0.1
 TRACED_ENV = ("CUDA_LAUNCH_BLOCKING",)
 COMMUNICATOR_FILE = os.path.join("engine", "communicator.py")
 DIAGNOSE_DIR = os.path.dirname(__file__) + os.sep
+FATAL_MAIN_THREAD = "diag: main thread"   # first line of fatal-{R}.txt, then the thread id
 
 
 class _Off:
-    """What phase() and collective() return while the probe is off."""
+    """What phase(), collective() and the graph calls return while the probe is off."""
     skip = False
+    calls = ()
 
     def __enter__(self):
         return self
@@ -66,8 +77,10 @@ def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
 
 
 def _forget():
-    """A forked child must not write into its parent's file; it may init its own."""
+    """A forked child must not write into its parent's files; it may init its own."""
     global _probe
+    if _probe is not None:
+        faulthandler.disable()
     _probe = None
 
 
@@ -91,6 +104,23 @@ def collective(group, op, tensors, peer=None):
     return probe.begin_collective(group, op, tensors, peer, sys._getframe(1))
 
 
+def graph_capture():
+    """Use as `with probe.graph_capture() as graph:` around a CUDA graph's capture.
+    The collectives called inside are not recorded then (the capture runs none);
+    `with probe.graph_replay(graph):` around each replay records them all again."""
+    probe = _probe
+    if probe is None:
+        return _OFF
+    return _Capture(probe)
+
+
+def graph_replay(graph):
+    probe = _probe
+    if probe is None or not graph.calls:
+        return _OFF
+    return _Replay(probe, graph.calls)
+
+
 def kv_stats(step, used, free, allocated, freed, preempted):
     if _probe is not None:
         _probe.file.kv_stats(step, used, free, allocated, freed, preempted)
@@ -111,6 +141,14 @@ def worker_exit(rank, exitcode):
         _probe.file.worker_exit(rank, exitcode, time.time())
 
 
+def error_file_name(rank: int | None) -> str:
+    return "error-driver.json" if rank is None else f"error-{rank}.json"
+
+
+def fatal_file_name(rank: int | None) -> str:
+    return "fatal-driver.txt" if rank is None else f"fatal-{rank}.txt"
+
+
 class _Phase:
     __slots__ = ("probe", "name", "step", "event")
 
@@ -123,8 +161,10 @@ class _Phase:
         self.event = self.probe.enter_phase(self.name, self.step)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.probe.exit_phase(self.event)
+        if exc_type is not None and issubclass(exc_type, Exception):
+            self.probe.phase_error(exc, tb, self.name, self.step)
         return False
 
 
@@ -159,16 +199,67 @@ class _TracedOnDevice(_Traced):
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.file.complete_collective(self.event, time.time())
-            self.probe.watch_device(self.event, self.start)
+            self.probe.watch_device([(self.event, self.probe.file.coll_head)], self.start)
+        return False
+
+
+class _CapturedCall:
+    """A collective called while a CUDA graph was captured, as each replay records it."""
+    __slots__ = ("key", "group", "op", "peer", "shapes", "dtype", "nbytes", "site")
+
+    def __init__(self, key, group, op, peer, shapes, dtype, nbytes, site):
+        self.key, self.group, self.op, self.peer = key, group, op, peer
+        self.shapes, self.dtype, self.nbytes, self.site = shapes, dtype, nbytes, site
+
+
+class _Capture:
+    """While a graph is captured the heartbeat thread queries no event: a CUDA call
+    from another thread can invalidate a capture (in CUDA's global capture mode)."""
+    __slots__ = ("probe", "calls")
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.calls: list[_CapturedCall] = []
+
+    def __enter__(self):
+        self.probe.device_lock.acquire()
+        self.probe.capture = self
+        return self
+
+    def __exit__(self, *exc):
+        self.probe.capture = None
+        self.probe.device_lock.release()
+        return False
+
+
+class _Replay:
+    """One replay of a captured graph. Its records are written after the replay is
+    enqueued, while the GPU runs it; one event before and one after the replay
+    stand for the device progress of all of them."""
+    __slots__ = ("probe", "calls", "t_enqueue", "start")
+
+    def __init__(self, probe, calls):
+        self.probe = probe
+        self.calls = calls
+
+    def __enter__(self):
+        self.t_enqueue = time.time()
+        self.start = self.probe.record_event() if self.probe.on_device else None
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.probe.publish_replay(self.calls, self.t_enqueue, self.start)
         return False
 
 
 class _InFlight:
-    """A traced call the GPU has not finished: its record and its two events."""
-    __slots__ = ("at", "n", "start", "end", "started")
+    """Traced calls the GPU has not finished: (record offset, n) of each, and the
+    events recorded before and after them."""
+    __slots__ = ("records", "start", "end", "started")
 
-    def __init__(self, at, n, start, end):
-        self.at, self.n, self.start, self.end = at, n, start, end
+    def __init__(self, records, start, end):
+        self.records, self.start, self.end = records, start, end
         self.started = False
 
 
@@ -189,6 +280,8 @@ class _Probe:
         self.file = runfile.RunFileWriter(
             os.path.join(run_dir, runfile.probe_file_name(rank)), identity, os.getpid(),
             psutil.Process().create_time(), time.time())
+        self.fatal_sink = _on_fatal_signal(os.path.join(run_dir, fatal_file_name(rank)))
+        self.last_error: BaseException | None = None  # the exception error-{R}.json holds
         specs = [spec for spec in faults.parse_faults(os.environ.get(faults.ENV_VAR, ""))
                  if spec.rank == rank]
         self.faults = faults.FaultPlan(specs)
@@ -201,12 +294,14 @@ class _Probe:
         self.sites: dict[tuple[int, int], bytes] = {}
         self.codes: dict[int, tuple[object, bool]] = {}
         self.tensor_info: dict[tuple, tuple[bytes, bytes, int]] = {}
+        self.capture: _Capture | None = None         # the CUDA graph being captured
         self.device = identity["device"]
         self.on_device = self.device.startswith("cuda")
         if self.on_device:
             self.capturing, self.new_event, self.set_device = _cuda_calls()
         self.in_flight: deque[_InFlight] = deque()   # main thread appends, heartbeat pops
         self.free_events: deque = deque()            # heartbeat returns, main thread takes
+        self.device_lock = threading.Lock()          # the heartbeat's event queries, or a capture
         self.device_set = False
         threading.Thread(target=self._beat, name="diag-heartbeat", daemon=True).start()
 
@@ -218,6 +313,7 @@ class _Probe:
             self._fire(fault)
         if self.depth == 0:
             self.traced_thread = threading.get_ident()
+        self.last_error = None   # written already; holding it would keep its frames alive
         self.depth += 1
         event = self.file.open_phase(name, step, time.time(), self.depth)
         if fault is not None and fault.kind == "skip_broadcast":
@@ -228,6 +324,26 @@ class _Probe:
         self.depth -= 1
         self.file.close_phase(event, time.time(), self.depth)
 
+    def phase_error(self, error: BaseException, tb, name: str, step: int | None) -> None:
+        """Writes error-{R}.json for an exception leaving a phase, once per exception
+        (the innermost phase it leaves). It is written here, before the code that
+        catches it cleans up: a CUDA error's clean-up may never end."""
+        if error is self.last_error:
+            return
+        self.last_error = error
+        caller = tb.tb_frame.f_back
+        frames = (traceback.extract_stack(caller) if caller else []) + traceback.extract_tb(tb)
+        body = {"pid": os.getpid(), "at": time.time(), "phase": name, "step": step,
+                "error": traceback.format_exception_only(type(error), error)[-1].strip(),
+                "frames": [[frame.filename, frame.lineno, frame.name, frame.line or ""]
+                           for frame in frames]}
+        path = os.path.join(self.run_dir, error_file_name(self.rank))
+        try:
+            with open(path, "w") as sink:
+                json.dump(body, sink)
+        except OSError:
+            pass
+
     def _fire(self, fault: faults.FaultSpec) -> None:
         self.file.fault(str(fault), time.time())
         if fault.kind == "skip_collective":
@@ -236,28 +352,49 @@ class _Probe:
 
     # Collectives.
 
-    def begin_collective(self, group, op, tensors, peer, caller) -> _Traced | _Skipped:
+    def begin_collective(self, group, op, tensors, peer, caller) -> _Traced | _Off:
         if self.skip_next_collective:
             self.skip_next_collective = False
             return _SKIPPED
         key = (group, op, peer) if peer is not None else group
+        shapes, dtype, nbytes = self._describe(tensors)
+        site = self._call_site(caller)
+        if self.capture is not None:
+            self.capture.calls.append(_CapturedCall(key, group, op, peer, shapes, dtype,
+                                                    nbytes, site))
+            return _OFF
         seq = self.seqs.get(key, 0)
         self.seqs[key] = seq + 1
-        shapes, dtype, nbytes = self._describe(tensors)
         on_device = self.on_device and tensors[0].is_cuda and not self.capturing()
-        at = self.file.open_collective(group, seq, op, peer, shapes, dtype, nbytes,
-                                       self._call_site(caller), time.time(), on_device)
+        at = self.file.open_collective(group, seq, op, peer, shapes, dtype, nbytes, site,
+                                       time.time(), on_device)
         if not on_device:
             return _Traced(self.file, at)
-        return _TracedOnDevice(self, at, self._record_event())
+        return _TracedOnDevice(self, at, self.record_event())
 
-    def _record_event(self):
+    def publish_replay(self, calls: list[_CapturedCall], t_enqueue: float, start) -> None:
+        """One record per captured call, with the next seq of its group, completed on
+        the host (the replay is enqueued)."""
+        end = self.record_event() if start is not None else None
+        t_complete = time.time()
+        records = []
+        for call in calls:
+            seq = self.seqs.get(call.key, 0)
+            self.seqs[call.key] = seq + 1
+            at = self.file.open_collective(call.group, seq, call.op, call.peer, call.shapes,
+                                           call.dtype, call.nbytes, call.site, t_enqueue,
+                                           start is not None, t_complete)
+            records.append((at, self.file.coll_head))
+        if end is not None:
+            self.in_flight.append(_InFlight(records, start, end))
+
+    def record_event(self):
         event = self.free_events.pop() if self.free_events else self.new_event()
         event.record()
         return event
 
-    def watch_device(self, at: int, start) -> None:
-        self.in_flight.append(_InFlight(at, self.file.coll_head, start, self._record_event()))
+    def watch_device(self, records: list[tuple[int, int]], start) -> None:
+        self.in_flight.append(_InFlight(records, start, self.record_event()))
 
     def _describe(self, tensors) -> tuple[bytes, bytes, int]:
         """(shapes, dtypes, bytes), cached by the tensors' shapes and dtypes."""
@@ -307,8 +444,11 @@ class _Probe:
         while True:
             count += 1
             self.file.heartbeat(time.time(), count, self._traced_frame())
-            if self.in_flight:
-                self._poll_device()
+            if self.in_flight and self.device_lock.acquire(blocking=False):
+                try:
+                    self._poll_device()
+                finally:
+                    self.device_lock.release()
             request = self.file.dump_request()
             if request != answered:
                 self._dump(request, me)
@@ -323,21 +463,34 @@ class _Probe:
             if not self.device_set:   # events are queried from this thread: same device
                 self.set_device(self.device)
                 self.device_set = True
+            self._forget_overwritten()
             while self.in_flight:
                 call = self.in_flight[0]
                 if not call.started:
                     if not call.start.query():
                         return
                     call.started = True
-                    self.file.device_progress(call.at, call.n, False, now)
+                    self._mark(call, False, now)
                 if not call.end.query():
                     return
-                self.file.device_progress(call.at, call.n, True, now)
+                self._mark(call, True, now)
                 self.in_flight.popleft()
                 self.free_events.extend((call.start, call.end))
         except RuntimeError:        # the CUDA context is broken (a device-side error)
             self.on_device = False
             self.in_flight.clear()
+
+    def _forget_overwritten(self) -> None:
+        """Calls whose records the ring no longer holds need no query: a busy rank
+        makes thousands between two beats."""
+        oldest_kept = self.file.coll_head - runfile.COLLECTIVE_CAPACITY
+        while self.in_flight and self.in_flight[0].records[-1][1] <= oldest_kept:
+            call = self.in_flight.popleft()
+            self.free_events.extend((call.start, call.end))
+
+    def _mark(self, call: _InFlight, done: bool, now: float) -> None:
+        for at, n in call.records:
+            self.file.device_progress(at, n, done, now)
 
     def _dump(self, request: int, me: int) -> None:
         """Answers even when the file cannot be written (run dir gone), so the
@@ -356,6 +509,30 @@ class _Probe:
             return ""
         return stacks.frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
+
+def _on_fatal_signal(path: str):
+    """faulthandler writes every thread's stack to `path` on SIGABRT, SIGSEGV, SIGBUS,
+    SIGFPE or SIGILL. The first line names the thread that called init (the
+    engine's), whose stack shows where the host was. Returns the open file, which
+    must stay open; None where the process had turned faulthandler on itself."""
+    if faulthandler.is_enabled():
+        return None
+    sink = open(path, "w")
+    sink.write(f"{FATAL_MAIN_THREAD} 0x{threading.get_ident():x}\n")
+    sink.flush()
+    faulthandler.enable(sink, all_threads=True)
+    atexit.register(_drop_fatal_file, sink)
+    return sink
+
+
+def _drop_fatal_file(sink) -> None:
+    """An interpreter that exits normally had no fatal signal: its file says nothing."""
+    faulthandler.disable()
+    sink.close()
+    try:
+        os.remove(sink.name)
+    except OSError:
+        pass
 
 
 def _cuda_calls():

@@ -1,4 +1,5 @@
-"""Verdicts for people (one terminal screen, with rich) and for programs (JSON).
+"""Verdicts for people (one terminal screen, with rich) and for programs (JSON);
+and after --relaunch-on-cuda-error, the two runs' error sites side by side.
 
 The screen: each verdict's sentence, the culprit in red and the ranks that wait
 on it in yellow, then one row per rank: where it is and what it last did.
@@ -18,6 +19,7 @@ CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
 CULPRIT_NAME = r"^((?:rank|node) \d+(?: \([^)]*\))?|the driver)"     # a summary starts with the culprit
 VICTIMS_TAIL = r"(?<=; )[^;]*(?= waits? on it$)"
+CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA error
 
 
 @dataclass
@@ -120,3 +122,28 @@ def collective_label(record: CollectiveRecord) -> str:
     """"tp2 all_reduce #9", "pp send->6 #4", "pp recv<-4 #4"."""
     peer = {"send": f"->{record.peer}", "recv": f"<-{record.peer}"}.get(record.op, "")
     return f"{record.group} {record.op}{peer} #{record.seq}"
+
+
+def cuda_error_table(body: dict) -> Table:
+    """--relaunch-on-cuda-error: where the CUDA error surfaced in the first run,
+    beside where it was raised with CUDA_LAUNCH_BLOCKING=1 on the rank."""
+    first, blocking = body["first_run"], body["launch_blocking_run"]
+    kernel = f": kernel {body['kernel']}" if body["kernel"] else ""
+    table = Table(title=f"CUDA error on rank {body['rank']}{kernel}", show_edge=False,
+                  expand=True, title_style="bold red")
+    table.add_column("", style="bold", no_wrap=True)
+    table.add_column("first run: where it surfaced", ratio=1)
+    table.add_column(f"CUDA_LAUNCH_BLOCKING=1 on rank {body['rank']}: where it was raised",
+                     ratio=1)
+    for label, key in (("error", "error"), ("call site", "site"), ("code", "code"),
+                       ("seen in", "source")):
+        table.add_row(label, Text(first[key] or "-"), Text(blocking[key] or "-"))
+    table.add_row("stack", Text("\n".join(first["frames"][-CUDA_ERROR_FRAMES:]) or "-"),
+                  Text("\n".join(blocking["frames"][-CUDA_ERROR_FRAMES:]) or "-"))
+    if body["device_assert"]:
+        table.caption = Text(body["device_assert"])
+    return table
+
+
+def render_cuda_error(body: dict, console: Console | None = None) -> None:
+    (console or Console(stderr=True)).print(cuda_error_table(body))

@@ -149,12 +149,14 @@ class RunFileWriter:
 
     def open_collective(self, group: str, seq: int, op: str, peer: int | None, shapes: bytes,
                         dtype: bytes, nbytes: int, site: bytes, t_enqueue: float,
-                        device: bool = False) -> int:
+                        device: bool = False, t_complete: float = 0.0) -> int:
         """Returns the record's offset, the handle complete_collective and
-        device_progress take."""
+        device_progress take. With t_complete the record is written completed
+        (a CUDA graph replay's calls, recorded once the replay is enqueued)."""
         n = self.coll_head = self.coll_head + 1
         at = COLL_RING_AT + (n - 1) % COLLECTIVE_CAPACITY * COLL_RECORD_SIZE
-        COLL_RECORD.pack_into(self.mm, at, n, seq, nbytes, t_enqueue, 0.0, ENQUEUED, device,
+        COLL_RECORD.pack_into(self.mm, at, n, seq, nbytes, t_enqueue, t_complete,
+                              COMPLETED if t_complete else ENQUEUED, device,
                               NO_PEER if peer is None else peer, group.encode(), op.encode(),
                               dtype, shapes, site, 0.0, 0.0, n)
         COUNTER.pack_into(self.mm, COLL_HEAD_AT, n)

@@ -6,12 +6,16 @@ group. gloo on CPU, NCCL on GPU.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from diagnose import probe
+
+TIMEOUT_VAR = "ENGINE_DIST_TIMEOUT_S"   # the process groups' timeout, e.g. 20 to see NCCL's watchdog fire
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,24 @@ class Layout:
         return groups
 
 
+def timeout_from_env() -> float:
+    text = os.environ.get(TIMEOUT_VAR)
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_VAR} must be seconds > 0, not {text!r}")
+    return seconds
+
+
 class Communicator:
     """One rank's view of the job. With world size 1 nothing is initialised."""
 
     def __init__(self, layout: Layout, rank: int, init_method: str | None = None,
-                 backend: str = "gloo", timeout_s: float = 1800.0):
+                 backend: str = "gloo", timeout_s: float | None = None):
         self.layout = layout
         self.rank = rank
         self.tp_rank = rank % layout.tp_size
@@ -47,16 +64,17 @@ class Communicator:
         self.tp_group_name = f"tp{self.pp_rank}"
         self._tp_group = None
         if layout.world_size > 1:
-            self._init(init_method, backend, timeout_s)
+            self._init(init_method, backend, timeout_s or timeout_from_env())
 
     def _init(self, init_method, backend, timeout_s):
         import datetime
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                world_size=self.layout.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        # Every rank must create every group, in the same order.
+                                world_size=self.layout.world_size, timeout=timeout)
+        # Every rank must create every group, in the same order. A new group does not
+        # inherit the default group's timeout: it gets the backend's own unless given.
         for p in range(self.layout.pp_size):
-            group = dist.new_group(self.layout.tp_ranks(p))
+            group = dist.new_group(self.layout.tp_ranks(p), timeout=timeout)
             if p == self.pp_rank:
                 self._tp_group = group
 

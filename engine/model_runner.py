@@ -153,7 +153,8 @@ class DecodeGraphs:
 
     The graphs read static buffers. A step copies its requests into the first rows; the
     padding rows compute one token each at the padding block's slot 0, and their output
-    rows are dropped. Captured TP all-reduces replay on NCCL like any other kernel."""
+    rows are dropped. Captured TP all-reduces replay on NCCL like any other kernel; the
+    probe records them again at every replay."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches, max_batch: int,
                  max_blocks_per_seq: int, pad_block: int):
@@ -176,7 +177,7 @@ class DecodeGraphs:
             shape, dtype = (rows, model.config.hidden_size), kv_caches[0][0].dtype
             self.hidden = torch.zeros(shape, dtype=dtype, device=device)
             self.residual = torch.zeros(shape, dtype=dtype, device=device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.graphs: dict[int, tuple] = {}  # size -> (graph, outputs, the probe's capture)
         self._capture()
 
     def _capture(self) -> None:
@@ -185,9 +186,9 @@ class DecodeGraphs:
         for size in reversed(self.sizes):
             self._run_model(size)  # eagerly first: compiles this shape's kernels, inits NCCL
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with probe.graph_capture() as captured, torch.cuda.graph(graph, pool=pool):
                 outputs = self._run_model(size)
-            self.graphs[size] = (graph, outputs)
+            self.graphs[size] = (graph, outputs, captured)
 
     def _run_model(self, size: int):
         meta = AttentionMetadata(
@@ -223,6 +224,7 @@ class DecodeGraphs:
         if self.hidden is not None:
             self.hidden[real].copy_(hidden)
             self.residual[real].copy_(residual)
-        graph, (out_hidden, out_residual) = self.graphs[size]
-        graph.replay()
+        graph, (out_hidden, out_residual), captured = self.graphs[size]
+        with probe.graph_replay(captured):
+            graph.replay()
         return out_hidden[real], None if out_residual is None else out_residual[real]

@@ -99,8 +99,6 @@ def worker_main(args: WorkerArgs, reply_conn) -> None:
             _busy_loop(worker, ring, args, reply_conn)
         finally:
             worker.comm.close()
-    except RingClosed:
-        pass
     except Exception:
         print(f"[rank {args.rank}] worker failed:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
@@ -110,12 +108,16 @@ def worker_main(args: WorkerArgs, reply_conn) -> None:
 
 
 def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_conn) -> None:
-    """The dequeue phase's step is the engine step the rank expects next."""
+    """Until the ring closes. The dequeue phase's step is the engine step the rank
+    expects next."""
     rank = worker_args.rank
     messages, next_step = 0, 0
     while True:
         with probe.phase("dequeue", step=next_step):
-            method, args, output_rank = ring.dequeue(worker_args.local_rank)
+            message = _next_message(ring, worker_args.local_rank)
+        if message is None:
+            return
+        method, args, output_rank = message
         messages += 1
         probe.ring_read(messages)
         result = getattr(worker, method)(*args)
@@ -123,3 +125,12 @@ def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_con
             next_step = args[0].step + 1
         if output_rank is None or output_rank == rank:
             reply_conn.send(result)
+
+
+def _next_message(ring: ShmRing, reader: int) -> tuple | None:
+    """The next (method, args, output_rank); None once the driver closed the ring,
+    which is how a worker is told to stop (no error, so the probe records none)."""
+    try:
+        return ring.dequeue(reader)
+    except RingClosed:
+        return None

@@ -1,6 +1,7 @@
 """The probe in real processes, read from outside by the collector."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -261,4 +262,91 @@ def test_driver_state_and_forked_children_stay_out(spawn, run_dir):
     assert (driver.kv.step, driver.kv.used, driver.kv.free, driver.kv.preempted) == (3, 10, 90, 1)
     assert [(e.rank, e.exitcode) for e in driver.worker_exits] == [(2, -9)]
     assert [(p.name, p.step) for p in driver.phases] == [("schedule", 3)]
-    assert sorted(os.listdir(run_dir)) == ["driver.probe"]
+    assert sorted(os.listdir(run_dir)) == ["driver.probe", "fatal-driver.txt"]
+
+
+GRAPH_CHILD = """
+    import time, torch
+    from diagnose import probe
+
+    probe.init("worker", rank=0, world_size=2, tp_rank=0, tp_size=2, pp_rank=0, pp_size=1)
+    x = torch.ones(2, 8)
+
+    def layer():
+        with probe.collective("tp0", "all_reduce", [x]) as record:
+            assert not record.skip
+
+    def model():
+        layer()
+        layer()
+
+    with probe.phase("warmup"):
+        model()                                   # eager: seqs 0 and 1
+        with probe.graph_capture() as graph:
+            model()                               # captured: no record, no seq
+    for step in range(3):
+        with probe.phase("execute_model", step=step):
+            with probe.graph_replay(graph):
+                time.sleep(0.01)                  # the replay
+            with probe.collective("tp0", "all_gather", [torch.ones(2, 4)]):
+                pass
+    with probe.phase("execute_model", step=3):
+        time.sleep(120)
+"""
+
+
+def test_each_graph_replay_records_the_captured_collectives_with_the_next_seqs(spawn, run_dir):
+    spawn(GRAPH_CHILD)
+    state = wait_for(lambda: rank_in_phase(run_dir, 0, "execute_model", 3), what="step 3")
+    records = [(c.op, c.seq) for c in state.collectives]
+    assert records == [("all_reduce", 0), ("all_reduce", 1)] + [
+        (op, seq) for step in range(3)
+        for op, seq in [("all_reduce", 2 + 3 * step), ("all_reduce", 3 + 3 * step),
+                        ("all_gather", 4 + 3 * step)]]
+    replayed = [c for c in state.collectives[2:] if c.op == "all_reduce"]
+    assert {c.site for c in replayed} == {state.collectives[0].site}  # as at capture
+    assert state.collectives[0].site.endswith(" layer")
+    assert all(c.state == "completed" and not c.device for c in state.collectives)
+    first, second = replayed[:2]                  # one replay: enqueued together
+    assert first.t_enqueue == second.t_enqueue and first.t_complete == second.t_complete
+    assert first.t_complete - first.t_enqueue >= 0.01
+    assert (first.shapes, first.dtype, first.nbytes) == ([[2, 8]], "float32", 64)
+
+
+ENDING_CHILD = """
+    import os, threading, time
+    from diagnose import probe
+
+    probe.init("worker", rank=3, world_size=4)
+
+    def launch():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    def clean_up():
+        threading.Timer(0.2, os.abort).start()   # as NCCL's watchdog does
+        time.sleep(60)
+
+    with probe.phase("execute_model", step=5):
+        try:
+            with probe.phase("forward", step=5):
+                launch()
+        except RuntimeError:
+            clean_up()
+"""
+
+
+def test_an_exception_leaving_a_phase_and_a_fatal_signal_leave_their_files(spawn, run_dir):
+    child = spawn(ENDING_CHILD)
+    child.wait(timeout=60)
+    assert child.returncode == -signal.SIGABRT
+    error = json.loads((run_dir / "error-3.json").read_text())
+    assert (error["phase"], error["step"], error["pid"]) == ("forward", 5, child.pid)
+    assert error["error"] == "RuntimeError: CUDA error: device-side assert triggered"
+    assert [frame[2:] for frame in error["frames"]][-2:] == [
+        ["<module>", "launch()"], ["launch", 'raise RuntimeError("CUDA error: device-side assert triggered")']]
+    fatal = (run_dir / "fatal-3.txt").read_text().splitlines()
+    main = int(fatal[0].removeprefix("diag: main thread "), 16)
+    assert "Fatal Python error: Aborted" in fatal
+    at = fatal.index(next(line for line in fatal if line.startswith("Thread 0x")
+                          and int(line.split()[1], 16) == main))
+    assert fatal[at + 1].endswith(" in clean_up")
