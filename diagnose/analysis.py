@@ -34,8 +34,10 @@ in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
 from __future__ import annotations
 
 import signal
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
+from operator import attrgetter
 from statistics import median
 
 from diagnose.snapshot import (CollectiveRecord, NodeState, PhaseEvent, RankState, Snapshot,
@@ -48,6 +50,7 @@ MILESTONES = STARTUP_PHASES + ("execute_model",)  # the phases a worker meets on
 CLEAN_EXIT_PHASE = "exit"              # generic mode: a process that ended normally enters it last
 DEATH_SLACK_S = 0.3                    # a few heartbeats: deaths closer than this are not ordered by time
 LAST_RECORDS = 3                       # collective records put in a verdict's evidence
+ENQUEUED_AT = attrgetter("t_enqueue")
 
 Node = int | str                       # a worker rank, or DRIVER
 
@@ -155,7 +158,6 @@ class View:
         self.now = snapshot.taken_at
         self.ranks = snapshot.ranks
         self.driver = snapshot.driver
-        self.groups = _groups(snapshot)
         self.deaths = _deaths(snapshot)
         # (group, seq) -> {rank: record} for group collectives
         self.joined: dict[tuple[str, int], dict[int, CollectiveRecord]] = {}
@@ -165,27 +167,62 @@ class View:
         self.p2p: dict[tuple, CollectiveRecord] = {}
         # rank -> the earliest record it has not completed: where it is blocked
         self.pending: dict[int, CollectiveRecord] = {}
+        # (group, seq) where a member's call differs from the first one indexed
+        # there: the only places a mismatch can be
+        self.disagreeing: set[tuple[str, int]] = set()
+        self._blockers: dict[tuple[str, int], set[int]] = {}
         for rank, state in self.ranks.items():
-            for record in state.collectives:
-                self._index(rank, record)
-            waiting = [record for record in state.collectives if unfinished(record)]
-            if waiting:
-                self.pending[rank] = min(waiting, key=lambda record: record.t_enqueue)
+            self._index(rank, state.collectives)
+        self.groups = _groups(snapshot, self.highest_seq)
 
-    def _index(self, rank: int, record: CollectiveRecord) -> None:
-        if record.op in P2P_OPS:
-            key = (record.group, record.op, rank, record.peer)
-            self.p2p[key + (record.seq,)] = record
-        else:
-            key = (record.group, rank)
-            self.joined.setdefault((record.group, record.seq), {})[rank] = record
-        self.highest_seq[key] = max(self.highest_seq.get(key, -1), record.seq)
+    def _index(self, rank: int, records: list[CollectiveRecord]) -> None:
+        """This loop meets every record of the snapshot, so it keeps to local
+        names and one pass: at 1024 ranks x 2000 records that is most of the
+        analysis's time."""
+        joined, highest_seq, p2p = self.joined, self.highest_seq, self.p2p
+        waiting = None
+        for record in records:
+            group, seq = record.group, record.seq
+            if record.op in P2P_OPS:
+                key = (group, record.op, rank, record.peer)
+                p2p[key + (seq,)] = record
+            else:
+                key = (group, rank)
+                members = joined.get((group, seq))
+                if members is None:
+                    joined[(group, seq)] = {rank: record}
+                else:
+                    first = next(iter(members.values()))
+                    if (record.op != first.op or record.shapes != first.shapes
+                            or record.dtype != first.dtype):
+                        self.disagreeing.add((group, seq))
+                    members[rank] = record
+            highest = highest_seq.get(key, -1)
+            highest_seq[key] = seq if seq > highest else highest
+            if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
+                waiting = record
+        if waiting is not None:
+            self.pending[rank] = waiting
 
     def state(self, node: Node) -> RankState:
         return self.driver if node == DRIVER else self.ranks[node]
 
     def has_joined(self, rank: int, group: str, seq: int) -> bool:
         return self.highest_seq.get((group, rank), -1) >= seq
+
+    def blockers(self, group: str, seq: int) -> set[int]:
+        """Members of `group` that keep its collective `seq` from finishing: not
+        joined yet, or joined and still inside. Every member waiting there
+        waits on these (less itself), so the set is made once per collective."""
+        key = (group, seq)
+        found = self._blockers.get(key)
+        if found is None:
+            joined = self.joined.get(key, {})
+            found = self._blockers[key] = {
+                member for member in self.groups.get(group, []) if member in self.ranks
+                and (not self.has_joined(member, group, seq)
+                     or (member in joined and unfinished(joined[member])))}
+        return found
 
     def output_rank(self) -> int | None:
         """The rank that returns the sampled tokens: last PP stage, TP rank 0."""
@@ -196,20 +233,27 @@ class View:
         return max(self.ranks) if self.ranks else None
 
 
-def _groups(snapshot: Snapshot) -> dict[str, list[int]]:
+def _groups(snapshot: Snapshot, highest_seq: dict[tuple, int]) -> dict[str, list[int]]:
     """Group name -> members: from the identities, else from the TP x PP layout,
-    else every rank that has a record in the group."""
+    else every rank that has a record in the group (a (group, rank) key of
+    View.highest_seq)."""
     groups: dict[str, set[int]] = defaultdict(set)
+    merged = None
     for state in snapshot.ranks.values():
-        for name, members in state.identity.groups.items():
+        if state.identity.groups == merged:
+            continue                    # ranks of a job mostly carry the same groups
+        merged = state.identity.groups
+        for name, members in merged.items():
             groups[name].update(members)
     for rank, state in snapshot.ranks.items():
         ident = state.identity
         if ident.pp_rank is not None and f"tp{ident.pp_rank}" not in state.identity.groups:
             groups[f"tp{ident.pp_rank}"].add(rank)
-        for record in state.collectives:
-            if record.op not in P2P_OPS and record.group not in state.identity.groups:
-                groups[record.group].add(rank)
+    for key in highest_seq:
+        if len(key) == 2:
+            group, rank = key
+            if group not in snapshot.ranks[rank].identity.groups:
+                groups[group].add(rank)
     return {name: sorted(members) for name, members in groups.items()}
 
 
@@ -415,27 +459,24 @@ def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
         if matched and (match is None or not unfinished(match)):
             return set()
         return {peer}
-    waits = set()
-    joined = view.joined.get((record.group, record.seq), {})
-    for member in view.groups.get(record.group, []):
-        if member == rank or member not in view.ranks:
-            continue
-        if not view.has_joined(member, record.group, record.seq):
-            waits.add(member)
-        elif member in joined and unfinished(joined[member]):
-            waits.add(member)
-    return waits
+    return view.blockers(record.group, record.seq) - {rank}
 
 
-def reachers(graph: dict[Node, set[Node]], targets: set[Node]) -> set[Node]:
-    """Every node with a path to one of `targets` (the targets excluded)."""
+def waited_by(graph: dict[Node, set[Node]]) -> dict[Node, set[Node]]:
+    """Node -> the nodes with an edge to it: what reachers() walks."""
     reverse: dict[Node, set[Node]] = defaultdict(set)
     for node, outs in graph.items():
         for out in outs:
             reverse[out].add(node)
+    return reverse
+
+
+def reachers(reverse: dict[Node, set[Node]], targets: set[Node]) -> set[Node]:
+    """Every node with a path to one of `targets` (the targets excluded);
+    `reverse` is waited_by(graph), made once per graph."""
     seen, todo = set(), list(targets)
     while todo:
-        for node in reverse[todo.pop()]:
+        for node in reverse.get(todo.pop(), ()):
             if node not in seen:
                 seen.add(node)
                 todo.append(node)
@@ -443,27 +484,53 @@ def reachers(graph: dict[Node, set[Node]], targets: set[Node]) -> set[Node]:
 
 
 def terminal_components(graph: dict[Node, set[Node]]) -> list[set[Node]]:
-    """Strongly connected components with no edge leaving them: the roots."""
-    reach = {node: _reachable(graph, node) for node in graph}
-    roots, seen = [], set()
-    for node in graph:
-        if node in seen:
+    """Strongly connected components with no edge leaving them: the roots, in
+    the order of their first node in `graph`.
+
+    Tarjan's algorithm, iterative, so linear in the edges: a collective that
+    a thousand ranks sit in gives a million of them (each waits on every
+    other member still inside it)."""
+    order = {node: index for index, node in enumerate(graph)}
+    index: dict[Node, int] = {}
+    low: dict[Node, int] = {}
+    stack: list[Node] = []
+    on_stack: set[Node] = set()
+    roots = []
+    for start in graph:
+        if start in index:
             continue
-        if all(node in reach[other] for other in reach[node]):
-            component = {node} | reach[node]
-            roots.append(component)
-            seen |= component
-    return roots
-
-
-def _reachable(graph: dict[Node, set[Node]], start: Node) -> set[Node]:
-    seen, todo = set(), [start]
-    while todo:
-        for node in graph.get(todo.pop(), ()):
-            if node not in seen:
-                seen.add(node)
-                todo.append(node)
-    return seen
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        work = [(start, iter(graph[start]))]
+        while work:
+            node, edges = work[-1]
+            for out in edges:
+                if out not in index:
+                    index[out] = low[out] = len(index)
+                    stack.append(out)
+                    on_stack.add(out)
+                    work.append((out, iter(graph.get(out, ()))))
+                    break
+                if out in on_stack and index[out] < low[node]:
+                    low[node] = index[out]
+            else:
+                work.pop()
+                if work and low[node] < low[work[-1][0]]:
+                    low[work[-1][0]] = low[node]
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if node in order and all(out in component for member in component
+                                             for out in graph.get(member, ())):
+                        roots.append(component)
+    return sorted(roots, key=lambda component: min(order[node] for node in component
+                                                   if node in order))
 
 
 # Verdicts, one rule each.
@@ -479,7 +546,7 @@ def dead_verdicts(view: View, graph: dict[Node, set[Node]]) -> list[Verdict]:
     first = _first_death(view, abnormal)
     state = view.state(first.node)
     dead = set(view.deaths)
-    victims = (dead | reachers(graph, dead)) - {first.node}
+    victims = (dead | reachers(waited_by(graph), dead)) - {first.node}
     later = dead - {first.node}
     tail = [f"{rank_list(_ranks_of(later), DRIVER in later)} died after it"] if later else []
     if victims - dead:
@@ -522,7 +589,9 @@ def mismatch_verdicts(view: View) -> list[Verdict]:
     """Members at the same seq of a group that call different ops, shapes or dtypes:
     the first such seq of each group; the minority are the culprits."""
     verdicts, reported = [], set()
-    for (group, seq), records in sorted(view.joined.items(), key=lambda item: item[0][1]):
+    disagreeing = [key for key in view.joined if key in view.disagreeing]
+    for group, seq in sorted(disagreeing, key=lambda key: key[1]):
+        records = view.joined[(group, seq)]
         if group in reported or len(records) < 2:
             continue
         signatures = {rank: _signature(record) for rank, record in records.items()}
@@ -571,7 +640,7 @@ def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
                                 limits: StallLimits) -> list[Verdict]:
     """A member that has gone on past (G, S) without joining it, while others wait
     in it: it skipped the collective, whatever cycle the graph shows."""
-    verdicts, named = [], set()
+    verdicts, named, reverse = [], set(), None
     waiting: dict[tuple[str, int], list[int]] = defaultdict(list)
     for rank, record in view.pending.items():
         if record.op not in P2P_OPS and rank not in view.deaths:
@@ -586,7 +655,9 @@ def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
                 continue
             named.add(member)
             state = view.ranks[member]
-            victims = reachers(graph, {member})
+            if reverse is None:
+                reverse = waited_by(graph)
+            victims = reachers(reverse, {member})
             op = view.pending[waiters[0]].op
             summary = (f"{who(view, member)} never joined {group} {op} seq {seq} that "
                        f"{rank_list(sorted(waiters))} {_verb(waiters)} in for {stall:.0f} s: "
@@ -620,11 +691,11 @@ def _went_past(view: View, member: int, group: str, seq: int, waiters: list[int]
 def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
                   named: set[int]) -> list[Verdict]:
     """One verdict for each root of the wait-for graph that has stalled."""
-    found = []
+    found, reverse = [], waited_by(graph)
     for component in terminal_components(graph):
         if component & (named | set(view.deaths)):
             continue
-        victims = reachers(graph, component)
+        victims = reachers(reverse, component)
         if len(component) == 1:
             verdict = _single_root(view, next(iter(component)), victims, limits)
         else:
@@ -827,14 +898,17 @@ def straggler_verdicts(view: View, thresholds: Thresholds) -> list[Verdict]:
            if rank not in view.deaths}
     verdicts = []
     for rank, steps in own.items():
+        if len(steps) < thresholds.straggler_min_steps:
+            continue                    # too few steps of its own to be common with peers'
         peers = _step_peers(view, rank)
-        common = [step for step in steps
-                  if any(step in own.get(peer, {}) for peer in peers)]
+        theirs_by_peer = [own[peer] for peer in peers if peer in own]
+        peer_steps = set().union(*theirs_by_peer)
+        common = [step for step in steps if step in peer_steps]
         if len(common) < thresholds.straggler_min_steps:
             continue
-        mine = median(steps[step] for step in common)
-        theirs = median(own[peer][step] for step in common for peer in peers
-                        if step in own.get(peer, {}))
+        mine = median([steps[step] for step in common])
+        theirs = median([times[step] for step in common for times in theirs_by_peer
+                         if step in times])
         if mine < thresholds.straggler_ratio * theirs or mine - theirs < thresholds.straggler_margin_s:
             continue
         peers_waiting = sorted(peer for peer in peers if peer in own)
@@ -853,21 +927,30 @@ def _own_step_times(state: RankState) -> dict[int, float]:
     """Step -> seconds of the rank's own work: from the end of the dequeue that
     gave it the step to the end of execute_model, less the time spent waiting in
     collectives. Only steps that the rank's record ring fully covers count."""
-    covered_from = min((record.t_enqueue for record in state.collectives), default=None)
     steps = sorted((event for event in state.phases if event.name == "execute_model"
                     and event.end is not None and event.step is not None),
                    key=lambda event: event.start)
-    dequeued = [event.end for event in state.phases
-                if event.name == "dequeue" and event.end is not None]
+    if not steps:
+        return {}
+    covered_from = min(map(ENQUEUED_AT, state.collectives), default=None)
+    dequeued = sorted(event.end for event in state.phases
+                      if event.name == "dequeue" and event.end is not None)
+    # Completed calls by enqueue time (a stable sort, and nearly always sorted
+    # already), so each step's calls are one slice found by bisection.
+    calls = sorted([record for record in state.collectives if record.t_complete is not None],
+                   key=ENQUEUED_AT)
+    enqueued = list(map(ENQUEUED_AT, calls))
     times, previous_end = {}, None
     for event in steps:
-        start = max((end for end in dequeued if end <= event.start
-                     and (previous_end is None or end >= previous_end)), default=event.start)
+        start = event.start
+        last = bisect_right(dequeued, event.start) - 1   # the last dequeue ended by then
+        if last >= 0 and (previous_end is None or dequeued[last] >= previous_end):
+            start = dequeued[last]
         previous_end = event.end
         if covered_from is not None and start < covered_from:
             continue
-        waited = sum(record.t_complete - record.t_enqueue for record in state.collectives
-                     if record.t_complete is not None and start <= record.t_enqueue <= event.end)
+        waited = sum(record.t_complete - record.t_enqueue for record in
+                     calls[bisect_left(enqueued, start):bisect_right(enqueued, event.end)])
         times[event.step] = max(0.0, event.end - start - waited)
     return times
 
