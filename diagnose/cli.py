@@ -304,7 +304,58 @@ def logs_command(args) -> int:
     return EXIT_VERDICTS if findings else EXIT_HEALTHY
 
 
-SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui, add_logs)
+def add_synth(commands) -> None:
+    parser = commands.add_parser("synth", help="write a synthetic run dir of N ranks with a "
+                                               "planted culprit, to try diag tui/analyze at scale")
+    parser.add_argument("out", help="the run dir to write (new, or empty)")
+    parser.add_argument("--ranks", type=int, default=1024, help="TP x PP ranks (default 1024)")
+    parser.add_argument("--tp", type=int, default=8, help="TP size (default 8); PP = ranks / tp")
+    parser.add_argument("--culprit", type=int, help="the rank that hangs (default: ranks / 2)")
+    parser.add_argument("--kind", default="never_reached",
+                        help="how it hangs: never_reached (default), stuck_in_phase or "
+                             "collective_missing_peers")
+    parser.add_argument("--fr-dumps", action="store_true",
+                        help="also write one Flight Recorder dump per rank to OUT/fr")
+    parser.add_argument("--fr-entries", type=int, default=2000,
+                        help="entries per dump (default 2000, torch's default ring)")
+    parser.add_argument("--beat", action="store_true",
+                        help="then keep the ranks' heartbeats moving, as in a live hung job, "
+                             "until Ctrl-C")
+    parser.set_defaults(run=synth_command)
+
+
+def synth_command(args) -> int:
+    from diagnose import synth
+
+    culprit = args.ranks // 2 if args.culprit is None else args.culprit
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise UsageError(f"{args.out}: not empty; synth writes a new run dir")
+    try:
+        job = synth.hung_job(args.ranks, args.tp, culprit, args.kind)
+        if args.fr_dumps:
+            synth.write_fr_dumps(os.path.join(args.out, synth.FR_DIR), args.ranks, args.tp,
+                                 culprit, args.fr_entries)
+        run = synth.write_run_dir(job.snapshot(), args.out)
+    except synth.SynthError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"{args.out}: {error.strerror}") from None
+    print(f"wrote {args.out}: {args.ranks} ranks (tp={args.tp} x pp={args.ranks // args.tp}), "
+          f"rank {culprit} planted as {args.kind}")
+    if args.fr_dumps:
+        print(f"wrote {os.path.join(args.out, synth.FR_DIR)}: {args.ranks} Flight Recorder "
+              f"dumps of {args.fr_entries} entries, rank {culprit} missed a TP all_reduce")
+    print(f"try: diag tui {args.out}   or   diag analyze {args.out}")
+    if args.beat:
+        print("beating: the ranks look alive while this runs; Ctrl-C to stop", flush=True)
+        try:
+            run.beat_forever()
+        except KeyboardInterrupt:
+            pass
+    return EXIT_HEALTHY
+
+
+SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui, add_logs, add_synth)
 
 
 def build_parser() -> argparse.ArgumentParser:
