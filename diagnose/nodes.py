@@ -273,7 +273,16 @@ def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str]) -> Sn
             last_seen=report.received_at, finished=report.finished,
             lost=_is_lost(report, reference)))
     snapshot.ranks = dict(sorted(snapshot.ranks.items()))
+    snapshot.taken_at = _known_until(snapshot)
     return snapshot
+
+
+def _known_until(snapshot: Snapshot) -> float:
+    """The job is judged as of the oldest report of a node still reporting: past it,
+    a late node's ranks would seem to stall while only their news is missing."""
+    reports = [node.last_seen for node in snapshot.nodes
+               if node.last_seen is not None and not (node.lost or node.finished)]
+    return min([snapshot.taken_at] + reports)
 
 
 def _reference_time(snapshot: Snapshot) -> float:

@@ -46,7 +46,7 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict]) -> list[RankRow]:
             state=("culprit" if rank in culprits else "dead" if not state.alive
                    else "victim" if rank in victims else "running"),
             phase=phase.name if phase else None, step=max(steps) if steps else None,
-            heartbeat_age_s=round(snapshot.taken_at - state.heartbeat_at, 3),
+            heartbeat_age_s=round(max(0.0, snapshot.taken_at - state.heartbeat_at), 3),
             last_collective=_last_collective(state), frame=state.frame))
     return rows
 
