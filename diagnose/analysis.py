@@ -50,6 +50,7 @@ MILESTONES = STARTUP_PHASES + ("execute_model",)  # the phases a worker meets on
 CLEAN_EXIT_PHASE = "exit"              # generic mode: a process that ended normally enters it last
 DEATH_SLACK_S = 0.3                    # a few heartbeats: deaths closer than this are not ordered by time
 LAST_RECORDS = 3                       # collective records put in a verdict's evidence
+RECENT = 256                           # records and phases per rank the analysis reads (4 probe rings)
 ENQUEUED_AT = attrgetter("t_enqueue")
 
 Node = int | str                       # a worker rank, or DRIVER
@@ -57,7 +58,7 @@ Node = int | str                       # a worker rank, or DRIVER
 
 def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
     """Verdicts, the most likely root cause first; an empty list means healthy."""
-    verdicts = _judge(snapshot, thresholds or Thresholds())
+    verdicts = _judge(recent(snapshot), thresholds or Thresholds())
     lost = [node for node in snapshot.nodes if node.lost]
     return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts
 
@@ -102,6 +103,19 @@ def _node_lost(node: NodeState, waiting: list[int], now: float) -> Verdict:
     return Verdict(kind="node_lost", culprit_ranks=list(node.ranks), victim_ranks=waiting,
                    summary=summary, evidence={"node_rank": node.node_rank, "host": node.host,
                                               "last_seen": node.last_seen})
+
+
+def recent(snapshot: Snapshot) -> Snapshot:
+    """Each rank's last RECENT records and phases. A hang is judged from where the
+    ranks are now; a longer history (2000 entries of a Flight Recorder dump) only
+    costs time: at 1024 ranks, 2.9 s instead of a fraction of one."""
+    if all(len(state.collectives) <= RECENT and len(state.phases) <= RECENT
+           for state in snapshot.ranks.values()):
+        return snapshot
+    return replace(snapshot, ranks={
+        rank: replace(state, collectives=state.collectives[-RECENT:],
+                      phases=state.phases[-RECENT:])
+        for rank, state in snapshot.ranks.items()})
 
 
 def rewind(snapshot: Snapshot, when: float) -> Snapshot:
