@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from diagnose import collector
+from test_probe import wait_for
 from engine.communicator import DEFAULT_TIMEOUT_S, TIMEOUT_VAR, timeout_from_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,16 +79,6 @@ GRAPH_CHILD = """
 """
 
 
-def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 @needs_gpus(1)
 def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path):
     script = tmp_path / "child.py"
@@ -112,7 +103,7 @@ def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path)
             state = collector.collect(str(run_dir)).ranks[0]
             return (state.phase is not None and state.phase.step == 2
                     and state.collectives[-1].t_device_done is not None)
-        wait_for(replay_finished)
+        wait_for(replay_finished, timeout=60.0, what="the replay to finish on the GPU")
     finally:
         child.kill()
         child.wait()
