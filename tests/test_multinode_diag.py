@@ -71,11 +71,16 @@ class TwoNodes:
             return []
 
     def kill(self):
+        """Stop both launchers as a user would (SIGTERM: each stops its command)."""
         for proc in (self.head, self.node1):
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
-                proc.kill()
-                proc.communicate()
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
 
     def assert_nothing_left(self):
         assert not left_behind(self.head_dir) and not left_behind(self.node_dir)
