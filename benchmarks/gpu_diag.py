@@ -17,7 +17,8 @@ Cases, in the order they run (--list prints them with their expected time):
   graph_hang          tp=2, CUDA graphs on: rank 1's host hangs at a decode step; rank 0
                       is shown waiting in a collective inside its replay
   pp2_*               the fault matrix at pp=2 (tp=1): hang before execute_model, hang
-                      in forward, a rank that stops taking the broadcast, a crash
+                      in forward, a rank that stops taking the broadcast, a crash, and
+                      stage 0 skipping its pp send
   flight_recorder     rank 1 skips an all_reduce at tp=2: this toolkit's verdict vs
                       PyTorch's Flight Recorder + fr_trace with a 20 s process-group timeout
   overhead            engine output tokens/s, probe on vs off, tp=2, llama-3.2-1b (dummy
@@ -214,6 +215,8 @@ FAULT_CASES = [
     FaultCase("pp2_skip_broadcast", 1, 2, "rank=1,at=dequeue,step=6,kind=skip_broadcast",
               ("broadcast_not_consumed", [1])),
     FaultCase("pp2_crash", 1, 2, "rank=1,at=execute_model,step=3,kind=crash", ("dead", [1])),
+    FaultCase("pp2_skip_send", 1, 2, "rank=0,at=forward,step=4,kind=skip_collective",
+              ("collective_missing_peers", [0])),
     FaultCase("tp2_gpu_spin", 2, 1, "rank=1,at=forward,step=4,kind=gpu_spin", ("gpu_stuck", [1])),
     FaultCase("tp2_hang_before_execute_model", 2, 1, "rank=1,at=execute_model,step=0,kind=hang",
               ("never_reached", [1])),

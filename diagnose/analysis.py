@@ -18,8 +18,9 @@ progress for longer than their phase's stall limit; every rank that reaches
 them is a victim. Three rules come before the graph: a dead process is the
 culprit of everything that follows (the first to die, if several), members
 that disagree on the op of one collective are a mismatch, and a member that
-went past a collective seq without joining it is the culprit of that
-collective even where the graph has a cycle through the driver. On a GPU the
+went past a collective seq without joining it (or past its side of a
+send/recv a peer waits in) is the culprit of that collective even where the
+graph has a cycle through the driver. On a GPU the
 host returns from a collective once it is enqueued: a call the device has not
 finished still counts as unfinished, and a rank whose GPU has not even reached
 it waits on no one but its own GPU (`gpu_stuck`). A job that
@@ -153,6 +154,7 @@ def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
     graph = wait_for_graph(view)
     verdicts = mismatch_verdicts(view)
     verdicts += skipped_collective_verdicts(view, graph, limits)
+    verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
     named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
     return verdicts + root_verdicts(view, graph, limits, named)
 
@@ -684,6 +686,50 @@ def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
                 detected_after_s=round(stall, 3),
                 evidence=_evidence(view, state) | {"waiting_ranks": sorted(waiters)}))
     return verdicts
+
+
+def skipped_p2p_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
+                         found: list[Verdict]) -> list[Verdict]:
+    """A peer that went on past its side of a send/recv a rank waits in: it skipped
+    the call (a stage that never sent), whatever cycle through the driver the
+    graph shows."""
+    verdicts, named = [], {rank for verdict in found for rank in verdict.culprit_ranks}
+    for rank, record in sorted(view.pending.items()):
+        if record.op not in P2P_OPS or rank in view.deaths or record.peer in named:
+            continue
+        stall = view.now - record.t_enqueue
+        if stall < limits.limit(_phase_name(view.ranks[rank])):
+            continue
+        peer, other = record.peer, "recv" if record.op == "send" else "send"
+        if not _went_past_p2p(view, peer, other, rank, record):
+            continue
+        named.add(peer)
+        state = view.ranks[peer]
+        victims = reachers(waited_by(graph), {peer})
+        arrow = f"->{rank}" if other == "send" else f"<-{rank}"
+        summary = (f"{who(view, peer)} never made its {record.group} {other}{arrow} "
+                   f"#{record.seq} that rank {rank} waits in for {stall:.0f} s: it went on "
+                   f"to {_doing(state)}{_at_frame(state)}"
+                   f"{_victims_text(victims, exclude={rank})}")
+        verdicts.append(Verdict(
+            kind="collective_missing_peers", culprit_ranks=[peer],
+            victim_ranks=_ranks_of(victims), summary=summary, phase=_phase_name(state),
+            step=current_step(state), group=record.group, seq=record.seq,
+            detected_after_s=round(stall, 3),
+            evidence=_evidence(view, state) | {"waiting_ranks": [rank]}))
+    return verdicts
+
+
+def _went_past_p2p(view: View, peer: int, op: str, rank: int, record: CollectiveRecord) -> bool:
+    if peer in view.deaths or peer not in view.ranks:
+        return False
+    if view.highest_seq.get((record.group, op, peer, rank), -1) >= record.seq:
+        return False
+    pending = view.pending.get(peer)
+    if pending is not None and pending.op in P2P_OPS and pending.peer == rank:
+        return False
+    ahead, behind = position(view.ranks[peer]), position(view.ranks[rank])
+    return ahead is not None and behind is not None and ahead[0] > behind[0]  # left the step
 
 
 def _went_past(view: View, member: int, group: str, seq: int, waiters: list[int]) -> bool:

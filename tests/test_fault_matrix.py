@@ -96,6 +96,16 @@ def test_tp2_rank1_skips_a_collective_and_is_named_by_the_groups_rhythm(tmp_path
     assert analyze_again(body["run_dir"]) == [("collective_mismatch", [1])]
 
 
+def test_pp2_stage0_skips_its_send_and_is_named(tmp_path):
+    """At tp=1 the first call after forward is stage 0's pp send: skipped, stage 1
+    waits in its recv while stage 0 goes back to wait on the driver, which waits
+    on stage 1. Stage 0 went past its side of the pair, so it is the culprit."""
+    body = launch(tmp_path, "rank=0,at=forward,step=4,kind=skip_collective",
+                  ["--prompt", "hello there", "--max-tokens", "32", "-tp", "1", "-pp", "2"])
+    verdict = assert_hang_report(body, "collective_missing_peers", 0)
+    assert verdict["victim_ranks"] == [1] and verdict["group"] == "pp"
+
+
 def test_rank2_killed(tmp_path):
     body = launch(tmp_path, "rank=2,at=execute_model,step=3,kind=crash",
                   PROMPTS + ["--max-tokens", "32"])
