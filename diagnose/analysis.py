@@ -679,13 +679,19 @@ def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
                        f"{rank_list(sorted(waiters))} {_verb(waiters)} in for {stall:.0f} s: "
                        f"it went on to {_doing(state)}{_at_frame(state)}"
                        f"{_victims_text(victims, exclude=set(waiters))}")
-            verdicts.append(Verdict(
-                kind="collective_missing_peers", culprit_ranks=[member],
-                victim_ranks=_ranks_of(victims), summary=summary,
-                phase=_phase_name(state), step=current_step(state), group=group, seq=seq,
-                detected_after_s=round(stall, 3),
-                evidence=_evidence(view, state) | {"waiting_ranks": sorted(waiters)}))
+            verdicts.append(_skipped_verdict(view, member, victims, summary, group, seq,
+                                             stall, waiters))
     return verdicts
+
+
+def _skipped_verdict(view: View, member: int, victims: set[Node], summary: str, group: str,
+                     seq: int, stall: float, waiters: list[int]) -> Verdict:
+    state = view.ranks[member]
+    return Verdict(kind="collective_missing_peers", culprit_ranks=[member],
+                   victim_ranks=_ranks_of(victims), summary=summary, phase=_phase_name(state),
+                   step=current_step(state), group=group, seq=seq,
+                   detected_after_s=round(stall, 3),
+                   evidence=_evidence(view, state) | {"waiting_ranks": sorted(waiters)})
 
 
 def skipped_p2p_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
@@ -711,12 +717,8 @@ def skipped_p2p_verdicts(view: View, graph: dict[Node, set[Node]], limits: Stall
                    f"#{record.seq} that rank {rank} waits in for {stall:.0f} s: it went on "
                    f"to {_doing(state)}{_at_frame(state)}"
                    f"{_victims_text(victims, exclude={rank})}")
-        verdicts.append(Verdict(
-            kind="collective_missing_peers", culprit_ranks=[peer],
-            victim_ranks=_ranks_of(victims), summary=summary, phase=_phase_name(state),
-            step=current_step(state), group=record.group, seq=record.seq,
-            detected_after_s=round(stall, 3),
-            evidence=_evidence(view, state) | {"waiting_ranks": [rank]}))
+        verdicts.append(_skipped_verdict(view, peer, victims, summary, record.group,
+                                         record.seq, stall, [rank]))
     return verdicts
 
 
