@@ -202,7 +202,7 @@ def launch_command(args) -> int:
         raise UsageError(str(error)) from None
     print_outcome(launcher, outcome)
     if args.relaunch_on_cuda_error:
-        from diagnose.launch import relaunch_on_cuda_error
+        from diagnose.cuda_relaunch import relaunch_on_cuda_error
         relaunch_on_cuda_error(launcher)
     return outcome.exit_code
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from rich.console import Console
 
 from diagnose import report
-from diagnose.launch import (LaunchOptions, Launcher, cuda_error_rank, error_site, failed_kernel,
-                             relaunch_on_cuda_error)
+from diagnose.cuda_relaunch import (cuda_error_rank, error_site, failed_kernel,
+                                    relaunch_on_cuda_error)
+from diagnose.launch import LaunchOptions, Launcher
 from diagnose.snapshot import WorkerExit
 from synthetic import Job
 
