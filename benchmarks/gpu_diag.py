@@ -187,7 +187,7 @@ def check_replay_position(row: dict, report: dict, run_dir: str) -> list[str]:
 
 def _record(run_dir: str, rank: int, group: str | None, seq: int | None) -> dict | None:
     from dataclasses import asdict
-    from diagnose.collector import Collector
+    from diagnose.launch.collector import Collector
     state = Collector(run_dir).snapshot().ranks.get(rank)
     for record in state.collectives if state else []:
         if (record.group, record.seq) == (group, seq):
@@ -196,7 +196,7 @@ def _record(run_dir: str, rank: int, group: str | None, seq: int | None) -> dict
 
 
 def fault_fired_at(run_dir: str, rank: int) -> float | None:
-    from diagnose.collector import Collector
+    from diagnose.launch.collector import Collector
     state = Collector(run_dir).snapshot().ranks.get(rank)
     return state.fault.fired_at if state is not None and state.fault is not None else None
 

@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from diagnose import synth
+from diagnose.offline import synth, synth_fr
 from diagnose.analysis import analyze
-from diagnose.collector import Collector
-from diagnose.launch import POLL_S
+from diagnose.launch.collector import Collector
+from diagnose.launch.launcher import POLL_S
 
 ANALYSIS_AIM_S = 1.0
 REFRESH_AIM_MS = 200.0
@@ -212,7 +212,7 @@ def main() -> None:
     beater = None
     try:
         run_dir, fr_dir = os.path.join(work, "run"), os.path.join(work, "fr")
-        synth.write_fr_dumps(fr_dir, args.ranks, args.tp, args.culprit, args.records)
+        synth_fr.write_fr_dumps(fr_dir, args.ranks, args.tp, args.culprit, args.records)
         cli_rows = [bench_cli(f"diag analyze: {args.ranks} FR dumps x {args.records} entries",
                               fr_dir, args.culprit)]
         beater = start_beating(run_dir, args.ranks, args.tp, args.culprit)

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from synthetic import OP_S, Job  # noqa: E402  (tests/synthetic.py plays the probe)
 
 from diagnose.analysis import analyze  # noqa: E402
-from diagnose.snapshot import Snapshot  # noqa: E402
+from diagnose.core.snapshot import Snapshot  # noqa: E402
 from tui.app import DiagApp  # noqa: E402
 from tui.grid_model import build_grid  # noqa: E402
 

@@ -18,16 +18,15 @@ A subcommand is a function that adds its parser to `commands` and sets
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import signal
 import sys
 
-from diagnose import rank_env
-from diagnose.faults import parse_faults
-from diagnose.marks import parse_mark
-from diagnose.thresholds import Thresholds
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.probe import rank_env
+from diagnose.probe.faults import parse_faults
+from diagnose.probe.marks import parse_mark
 
 EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR = 0, 1, 2
 
@@ -54,13 +53,11 @@ def add_analyze(commands) -> None:
 
 
 def analyze_command(args) -> int:
-    from diagnose.analysis import analyze
-    from diagnose.report import render, to_json
-    from diagnose.thresholds import Thresholds
+    from diagnose.offline.report import render, to_json
 
-    snapshot, notes, post_mortem = _read(args.path)
-    thresholds = args.stall_timeout or (Thresholds(stall_s=0.0) if post_mortem else Thresholds())
-    verdicts = analyze(snapshot, thresholds)
+    source = _open(args.path)
+    snapshot, notes = source.snapshot(), source.notes
+    verdicts = source.verdicts(snapshot, args.stall_timeout)
     if args.perfetto:
         _write_perfetto(snapshot, args.perfetto)
     if args.json:
@@ -68,8 +65,6 @@ def analyze_command(args) -> int:
     else:
         render(snapshot, verdicts, notes=notes)
     return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
-
-
 
 
 def _flag_value(flag: str, parse, keep_text: bool = True):
@@ -86,40 +81,21 @@ def _flag_value(flag: str, parse, keep_text: bool = True):
 
 _thresholds = _flag_value("--stall-timeout", Thresholds.parse, keep_text=False)
 _ranks = _flag_value("--launch-blocking", rank_env.parse_ranks)
-_fault = _flag_value("--fault", parse_faults)
+_fault = _flag_value("--fault", parse_faults, keep_text=False)
 _mark = _flag_value("--mark", parse_mark)
 
 
-def _read(path: str):
-    """(snapshot, notes, is_flight_recorder) from a run dir or a dump directory."""
-    from diagnose.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
-
-    if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file or directory")
-    if not os.path.isdir(path):
-        raise UsageError(f"{path}: not a directory (give a run dir or a directory of "
-                         f"Flight Recorder dumps)")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise UsageError(f"{path}: permission denied")
-    if glob.glob(os.path.join(path, "*.probe")):
-        from diagnose.collector import Collector
-        collector = Collector(path)
-        snapshot = collector.snapshot()
-        if not snapshot.ranks and snapshot.driver is None:
-            raise UsageError(f"{path}: no readable probe file ({'; '.join(collector.notes)})")
-        return snapshot, collector.notes, False
-    if looks_like_fr_dir(path):
-        try:
-            run = read_fr_dir(path)
-        except FlightRecorderError as error:
-            raise UsageError(str(error)) from None
-        return run.snapshot, run.notes, True
-    raise UsageError(f"{path}: neither a run dir (no *.probe files) nor a directory of "
-                     f"Flight Recorder dumps")
+def _open(path: str):
+    """The source of a run dir or a directory of Flight Recorder dumps."""
+    from diagnose.launch.rundir import RunDirError, open_run
+    try:
+        return open_run(path)
+    except RunDirError as error:
+        raise UsageError(str(error)) from None
 
 
 def _write_perfetto(snapshot, path: str) -> None:
-    from diagnose.perfetto import to_perfetto
+    from diagnose.offline.perfetto import to_perfetto
     try:
         with open(path, "w") as sink:
             json.dump(to_perfetto(snapshot), sink)
@@ -134,12 +110,8 @@ def add_tui(commands) -> None:
 
 
 def tui_command(args) -> int:
-    from tui.app import DiagApp, RunDirError, open_run_dir
-    try:
-        source = open_run_dir(args.run_dir)
-    except RunDirError as error:
-        raise UsageError(str(error)) from None
-    DiagApp(source).run()
+    from tui.app import DiagApp
+    DiagApp(_open(args.run_dir)).run()
     return EXIT_HEALTHY
 
 
@@ -166,7 +138,7 @@ def _launch_options(parser) -> None:
       help="when a rank dies of a CUDA error, run once more with CUDA_LAUNCH_BLOCKING=1 "
            "on it and report both error sites")
     a("--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG level, one file per rank in the run dir")
-    a("--fault", action="append", default=[], type=_fault, metavar="SPEC",
+    a("--fault", action="extend", default=[], type=_fault, metavar="SPEC",
       help="inject a fault: rank=R,at=PHASE[,step=N],kind=hang|sleep:S|crash|exit:C|"
            "skip_collective|skip_broadcast (repeatable)")
     a("--json-report", metavar="FILE", help="also write the report's JSON here")
@@ -182,9 +154,9 @@ def _launch_options(parser) -> None:
 
 
 def launch_command(args) -> int:
-    from diagnose.launch import Launcher
-    from diagnose.live import print_outcome, run_with_live_view, run_with_tui
-    from diagnose.nodes import NodeError
+    from diagnose.launch.launcher import Launcher
+    from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
+    from diagnose.launch.nodes import NodeError
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
@@ -202,7 +174,7 @@ def launch_command(args) -> int:
         raise UsageError(str(error)) from None
     print_outcome(launcher, outcome)
     if args.relaunch_on_cuda_error:
-        from diagnose.cuda_relaunch import relaunch_on_cuda_error
+        from diagnose.launch.cuda_relaunch import relaunch_on_cuda_error
         relaunch_on_cuda_error(launcher)
     return outcome.exit_code
 
@@ -229,19 +201,13 @@ def _count(text: str) -> int:
 
 
 def _launch_options_of(args, command: list[str]):
-    from diagnose.launch import LaunchOptions, default_run_dir
+    from diagnose.launch.launcher import LaunchOptions, default_run_dir
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
                          thresholds=args.stall_timeout, on_hang=args.on_hang,
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
                          faults=args.fault, json_report=args.json_report, marks=args.mark,
                          nnodes=args.nnodes, node_rank=args.node_rank, listen=args.listen,
                          head=args.head)
-
-
-
-
-
-
 
 
 def add_dump(commands) -> None:
@@ -253,8 +219,8 @@ def add_dump(commands) -> None:
 
 
 def dump_command(args) -> int:
-    from diagnose.dump import dump_run, render_dump
-    _read(args.run_dir)  # one-line errors for a missing or foreign dir
+    from diagnose.launch.dump import dump_run, render_dump
+    _open(args.run_dir)  # one-line errors for a missing or foreign dir
     body = dump_run(args.run_dir, native=args.native)
     if args.json:
         print(json.dumps(body, indent=1))
@@ -272,7 +238,7 @@ def add_demo(commands) -> None:
 
 
 def demo_command(args) -> int:
-    from diagnose.demo import run_demo
+    from diagnose.launch.demo import run_demo
     return run_demo(args.run_dir, use_tui=not args.no_tui)
 
 
@@ -286,7 +252,8 @@ def add_logs(commands) -> None:
 
 def logs_command(args) -> int:
     from dataclasses import asdict
-    from diagnose.logs import LogReadError, render, scan_file
+
+    from diagnose.offline.logs import LogReadError, render, scan_file
 
     findings, read = [], 0
     for path in args.files:
@@ -325,7 +292,7 @@ def add_synth(commands) -> None:
 
 
 def synth_command(args) -> int:
-    from diagnose import synth
+    from diagnose.offline import synth, synth_fr
 
     culprit = args.ranks // 2 if args.culprit is None else args.culprit
     if os.path.isdir(args.out) and os.listdir(args.out):
@@ -333,7 +300,7 @@ def synth_command(args) -> int:
     try:
         job = synth.hung_job(args.ranks, args.tp, culprit, args.kind)
         if args.fr_dumps:
-            synth.write_fr_dumps(os.path.join(args.out, synth.FR_DIR), args.ranks, args.tp,
+            synth_fr.write_fr_dumps(os.path.join(args.out, synth.FR_DIR), args.ranks, args.tp,
                                  culprit, args.fr_entries)
         run = synth.write_run_dir(job.snapshot(), args.out)
     except synth.SynthError as error:

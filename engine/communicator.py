@@ -7,36 +7,15 @@ group. gloo on CPU, NCCL on GPU.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from diagnose import probe
+from diagnose.core.layout import Layout
 
 TIMEOUT_VAR = "ENGINE_DIST_TIMEOUT_S"   # the process groups' timeout, e.g. 20 to see NCCL's watchdog fire
 DEFAULT_TIMEOUT_S = 1800.0
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp_size: int
-    pp_size: int
-
-    @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
-
-    def rank(self, pp_rank: int, tp_rank: int) -> int:
-        return pp_rank * self.tp_size + tp_rank
-
-    def tp_ranks(self, pp_rank: int) -> list[int]:
-        return [self.rank(pp_rank, t) for t in range(self.tp_size)]
-
-    def groups(self) -> dict[str, list[int]]:
-        groups = {f"tp{p}": self.tp_ranks(p) for p in range(self.pp_size)}
-        groups["pp"] = list(range(self.world_size))
-        return groups
 
 
 def timeout_from_env() -> float:
@@ -59,8 +38,7 @@ class Communicator:
                  backend: str = "gloo", timeout_s: float | None = None):
         self.layout = layout
         self.rank = rank
-        self.tp_rank = rank % layout.tp_size
-        self.pp_rank = rank // layout.tp_size
+        self.pp_rank, self.tp_rank = layout.place(rank)
         self.tp_group_name = f"tp{self.pp_rank}"
         self._tp_group = None
         if layout.world_size > 1:

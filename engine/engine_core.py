@@ -11,6 +11,7 @@ from collections import deque
 import torch
 
 from diagnose import probe
+from diagnose.core.vocab import Phase, Role
 from engine.config import EngineConfig
 from engine.executor import Executor
 from engine.model_config import ModelConfig
@@ -32,7 +33,7 @@ def resolve_device(config: EngineConfig) -> tuple[str, torch.dtype]:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int):
-        probe.init("driver")
+        probe.init(Role.DRIVER)
         device, dtype = resolve_device(config)
         self.config = config
         self.executor = Executor(config, device, dtype)
@@ -70,19 +71,19 @@ class EngineCore:
         return self._step_with_batch_queue()
 
     def _schedule(self) -> SchedulerOutput | None:
-        with probe.phase("schedule", step=self.scheduler.next_step):
+        with probe.phase(Phase.SCHEDULE, step=self.scheduler.next_step):
             out = self.scheduler.schedule()
         return out if out.requests else None
 
     def _finish(self, out: SchedulerOutput, result):
-        with probe.phase("update_from_output", step=out.step):
+        with probe.phase(Phase.UPDATE_FROM_OUTPUT, step=out.step):
             return self.scheduler.update_from_output(out, result)
 
     def _step_in_order(self):
         out = self._schedule()
         if out is None:
             return []
-        with probe.phase("execute_model", step=out.step):
+        with probe.phase(Phase.EXECUTE_MODEL, step=out.step):
             result = self.executor.execute_model(out)
         return self._finish(out, result)
 
@@ -97,7 +98,7 @@ class EngineCore:
         if not self.in_flight:
             return []
         out = self.in_flight.popleft()
-        with probe.phase("execute_model", step=out.step):
+        with probe.phase(Phase.EXECUTE_MODEL, step=out.step):
             result = self.executor.wait_reply(self.executor.output_rank)
         return self._finish(out, result)
 

@@ -19,10 +19,10 @@ from multiprocessing.connection import wait
 import torch
 
 from diagnose import probe
-from engine.communicator import Layout
+from diagnose.core.layout import Layout
+from diagnose.core.vocab import Phase
 from engine.config import EngineConfig
-from engine.local_workers import (DEAD_GRACE_S, POLL_S, STOP_GRACE_S, LocalWorkers,
-                                  WorkerDiedError)
+from engine.local_workers import DEAD_GRACE_S, POLL_S, STOP_GRACE_S, LocalWorkers, WorkerDiedError
 from engine.node import RemoteNode, accept_nodes, init_method
 
 
@@ -115,7 +115,7 @@ class Executor:
         if self.closed:
             return
         self.closed = True
-        with probe.phase("shutdown"):
+        with probe.phase(Phase.SHUTDOWN):
             grace_s = DEAD_GRACE_S if self.dead else STOP_GRACE_S
             for node in self.nodes:
                 node.close(grace_s)

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from engine.communicator import Layout
+from diagnose.core.layout import Layout
 from engine.config import EngineConfig
 from engine.shm_ring import ShmRing
 from engine.worker import WorkerArgs, worker_main
@@ -36,11 +36,6 @@ def describe_exit(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"was killed by signal {signal.Signals(-exitcode).name}"
     return f"exited with code {exitcode}"
-
-
-def describe_rank(layout: Layout, rank: int) -> str:
-    tp, pp = rank % layout.tp_size, rank // layout.tp_size
-    return f"rank {rank} (pp {pp}/{layout.pp_size}, tp {tp})"
 
 
 class LocalWorkers:
@@ -87,7 +82,7 @@ class LocalWorkers:
                 except EOFError:  # the worker closed its pipe: it is exiting
                     proc.join(timeout=POLL_S)
                     self.check()
-                    raise WorkerDiedError(f"{describe_rank(self.layout, rank)} closed its reply pipe",
+                    raise WorkerDiedError(f"{self.layout.name(rank)} closed its reply pipe",
                                           rank) from None
         return replies
 
@@ -96,7 +91,7 @@ class LocalWorkers:
         for rank, proc in zip(self.ranks, self.procs):
             if proc.exitcode is not None:
                 raise WorkerDiedError(
-                    f"{describe_rank(self.layout, rank)} {describe_exit(proc.exitcode)}",
+                    f"{self.layout.name(rank)} {describe_exit(proc.exitcode)}",
                     rank, proc.exitcode)
 
     def shutdown(self, grace_s: float) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from diagnose import probe
+from diagnose.core.vocab import Phase
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig
@@ -114,14 +115,14 @@ class ModelRunner:
         inputs = self.prepare_inputs(out)
         hidden = residual = None
         if not self.comm.is_first_stage:
-            with probe.phase("pp_recv", step=out.step):
+            with probe.phase(Phase.PP_RECV, step=out.step):
                 shape = (len(inputs.input_ids), self.model.config.hidden_size)
                 hidden, residual = self.comm.recv([(shape, self.dtype)] * 2,
                                                   self.comm.prev_stage_rank(), self.device)
-        with probe.phase("forward", step=out.step):
+        with probe.phase(Phase.FORWARD, step=out.step):
             hidden, residual = self._forward(inputs, hidden, residual)
         if not self.comm.is_last_stage:
-            with probe.phase("pp_send", step=out.step):
+            with probe.phase(Phase.PP_SEND, step=out.step):
                 self.comm.send([hidden, residual], self.comm.next_stage_rank())
             return None
         return self._sample(out, hidden[inputs.sample_rows])
@@ -136,7 +137,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if self.comm.tp_rank != 0:
             return None
-        with probe.phase("sample", step=out.step):
+        with probe.phase(Phase.SAMPLE, step=out.step):
             sampled = [r for r in out.requests if r.sample]
             tokens = self.sampler.sample(logits, sampled)
         return ModelRunnerOutput(out.step, [r.req_id for r in sampled], tokens)

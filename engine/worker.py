@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from diagnose import probe
-from engine.communicator import Communicator, Layout
+from diagnose.core.layout import Layout
+from diagnose.core.vocab import Phase, Role
+from engine.communicator import Communicator
 from engine.config import EngineConfig
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
@@ -39,16 +41,16 @@ class Worker:
         self.device = _pick_device(args)
         # The probe comes first: it applies per-rank settings such as
         # CUDA_LAUNCH_BLOCKING, which must be in place before CUDA starts.
-        probe.init("worker", rank=args.rank, world_size=layout.world_size,
-                   tp_rank=args.rank % layout.tp_size, tp_size=layout.tp_size,
-                   pp_rank=args.rank // layout.tp_size, pp_size=layout.pp_size,
+        pp_rank, tp_rank = layout.place(args.rank)
+        probe.init(Role.WORKER, rank=args.rank, world_size=layout.world_size,
+                   tp_rank=tp_rank, tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
                    device=str(self.device), groups=layout.groups())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        with probe.phase("init_distributed"):
+        with probe.phase(Phase.INIT_DISTRIBUTED):
             self.comm = Communicator(layout, args.rank, args.init_method, backend)
-        with probe.phase("load_weights"):
+        with probe.phase(Phase.LOAD_WEIGHTS):
             source = resolve_model(config.model, config.load_format)
             self.runner = ModelRunner(source, self.comm, args.dtype, self.device, config)
 
@@ -62,15 +64,15 @@ class Worker:
         return free
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        with probe.phase("init_kv_cache"):
+        with probe.phase(Phase.INIT_KV_CACHE):
             self.runner.init_kv_cache(num_blocks)
 
     def warmup(self) -> None:
-        with probe.phase("warmup"):
+        with probe.phase(Phase.WARMUP):
             self.runner.warmup()
 
     def execute_model(self, scheduler_output):
-        with probe.phase("execute_model", step=scheduler_output.step):
+        with probe.phase(Phase.EXECUTE_MODEL, step=scheduler_output.step):
             return self.runner.execute_model(scheduler_output)
 
 
@@ -113,7 +115,7 @@ def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_con
     rank = worker_args.rank
     messages, next_step = 0, 0
     while True:
-        with probe.phase("dequeue", step=next_step):
+        with probe.phase(Phase.DEQUEUE, step=next_step):
             message = _next_message(ring, worker_args.local_rank)
         if message is None:
             return

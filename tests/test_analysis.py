@@ -5,9 +5,10 @@ from dataclasses import asdict
 
 import pytest
 
-from diagnose.analysis import analyze, rank_list
-from diagnose.snapshot import STARTUP_PHASES
-from diagnose.thresholds import StallLimits, ThresholdError, Thresholds
+from diagnose.analysis import analyze
+from diagnose.core.layout import rank_list
+from diagnose.core.vocab import STARTUP_PHASES
+from diagnose.analysis.thresholds import StallLimits, ThresholdError, Thresholds
 from synthetic import OP_S, Job
 
 HANG_KINDS = {"never_reached", "stuck_in_phase", "collective_missing_peers",

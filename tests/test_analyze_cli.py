@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 from diagnose.analysis import analyze
-from diagnose.perfetto import to_perfetto
-from diagnose.report import render, to_json
+from diagnose.offline.perfetto import to_perfetto
+from diagnose.offline.report import render, to_json
 from synthetic import Job
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -137,7 +137,7 @@ def test_perfetto_has_a_track_per_rank_and_the_driver():
     trace = to_perfetto(job.snapshot())
     names = {event["args"]["name"] for event in trace["traceEvents"]
              if event["name"] == "process_name"}
-    assert names == {f"rank {r} (pp {r // 2}, tp {r % 2})" for r in range(8)} | {"driver"}
+    assert names == {f"rank {r} (pp {r // 2}/4, tp {r % 2})" for r in range(8)} | {"driver"}
     steps = [event for event in trace["traceEvents"]
              if event.get("name") == "execute_model" and event["pid"] == 5]
     assert [event["args"]["step"] for event in steps] == [0, 1]

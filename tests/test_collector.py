@@ -11,7 +11,9 @@ import time
 import psutil
 import pytest
 
-from diagnose import collector, runfile
+from diagnose.core import runfile
+from collecting import collect
+from diagnose.launch import collector
 
 CREATE_TIME = psutil.Process().create_time()
 
@@ -69,14 +71,14 @@ def test_torn_or_overwritten_records_are_dropped(tmp_path):
     raw[second + runfile.COLL_RECORD.size - 8] ^= 0xFF  # the closing event number of record 2
     path.write_bytes(bytes(raw))
 
-    state = collector.collect(str(tmp_path)).ranks[0]
+    state = collect(str(tmp_path)).ranks[0]
     assert [c.seq for c in state.collectives] == [0, 2]
     assert len(state.phases) == 6
 
 
 def test_the_rings_keep_the_latest_records(tmp_path):
     write_rank(tmp_path, 0, events=100)
-    state = collector.collect(str(tmp_path), history=10).ranks[0]
+    state = collect(str(tmp_path), history=10).ranks[0]
     assert [c.seq for c in state.collectives] == list(range(90, 100))
     assert [(p.name, p.step) for p in state.phases[-2:]] == [("execute_model", 99),
                                                              ("forward", 99)]
@@ -93,7 +95,7 @@ def test_alive_needs_the_same_process_not_just_the_pid(tmp_path):
     write_rank(tmp_path, 2, pid=zombie.pid,
                create_time=psutil.Process(zombie.pid).create_time())
     try:
-        ranks = collector.collect(str(tmp_path)).ranks
+        ranks = collect(str(tmp_path)).ranks
     finally:
         zombie.wait()
     assert [ranks[r].alive for r in (0, 1, 2)] == [True, False, False]

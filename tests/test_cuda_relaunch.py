@@ -9,11 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from diagnose import report
-from diagnose.cuda_relaunch import (cuda_error_rank, error_site, failed_kernel,
+from diagnose.offline import report
+from diagnose.launch.cuda_relaunch import (cuda_error_rank, error_site, failed_kernel,
                                     relaunch_on_cuda_error)
-from diagnose.launch import LaunchOptions, Launcher
-from diagnose.snapshot import WorkerExit
+from diagnose.launch.launcher import LaunchOptions, Launcher
+from diagnose.core.snapshot import WorkerExit
 from synthetic import Job
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from diagnose import collector
-from diagnose.faults import FaultPlan, FaultSpec, FaultSpecError, parse_faults
+from collecting import collect
+from diagnose.probe.faults import FaultPlan, FaultSpec, FaultSpecError, parse_faults
 from test_probe import rank_in_phase, run_dir, spawn, wait_for  # noqa: F401 (fixtures)
 
 
@@ -79,7 +79,7 @@ def test_hang_blocks_before_the_phase_and_the_heartbeat_goes_on(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=forward,step=2,kind=hang")
     state = wait_for(lambda: rank_in_phase(run_dir, 0, "execute_model", 2), what="the hang")
     time.sleep(0.5)
-    later = collector.collect(str(run_dir)).ranks[0]
+    later = collect(str(run_dir)).ranks[0]
     assert child.poll() is None and later.alive
     assert later.heartbeat_at > state.heartbeat_at + 0.3
     assert later.phase.name == "execute_model" and later.phase.step == 2
@@ -92,7 +92,7 @@ def test_hang_blocks_before_the_phase_and_the_heartbeat_goes_on(spawn, run_dir):
 def test_exit_fires_at_the_named_step_with_its_code(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=execute_model,step=3,kind=exit:7")
     assert child.wait(timeout=30) == 7
-    state = collector.collect(str(run_dir)).ranks[0]
+    state = collect(str(run_dir)).ranks[0]
     assert not state.alive
     assert state.fault.fired_at is not None
     assert [p.step for p in state.phases if p.name == "execute_model"] == [0, 1, 2]
@@ -102,7 +102,7 @@ def test_exit_fires_at_the_named_step_with_its_code(spawn, run_dir):
 def test_crash_kills_the_rank_with_sigkill(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=forward,kind=crash")
     assert child.wait(timeout=30) == -signal.SIGKILL
-    state = collector.collect(str(run_dir)).ranks[0]
+    state = collect(str(run_dir)).ranks[0]
     assert [(p.name, p.step) for p in state.open_phases] == [("execute_model", 0)]
     assert state.fault.fired_at is not None
 
@@ -110,7 +110,7 @@ def test_crash_kills_the_rank_with_sigkill(spawn, run_dir):
 def test_sleep_delays_the_phase_then_goes_on(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=forward,step=1,kind=sleep:0.6")
     assert child.wait(timeout=30) == 0
-    phases = {(p.name, p.step): p for p in collector.collect(str(run_dir)).ranks[0].phases}
+    phases = {(p.name, p.step): p for p in collect(str(run_dir)).ranks[0].phases}
     assert phases["forward", 1].start - phases["execute_model", 1].start >= 0.6
     assert phases["forward", 2].start - phases["execute_model", 2].start < 0.3
 
@@ -118,22 +118,22 @@ def test_sleep_delays_the_phase_then_goes_on(spawn, run_dir):
 def test_a_fault_for_another_rank_does_nothing(spawn, run_dir):
     child = faulted(spawn, "rank=1,at=forward,kind=crash")
     assert child.wait(timeout=30) == 0
-    assert collector.collect(str(run_dir)).ranks[0].fault is None
+    assert collect(str(run_dir)).ranks[0].fault is None
 
 
 def test_skip_collective_skips_the_next_call_without_a_sequence_number(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=forward,step=1,kind=skip_collective", "collectives")
     out, _ = child.communicate(timeout=60)
     assert out.split("\n")[:5] == ["0 False", "1 True", "2 False", "3 False", "done"]
-    records = collector.collect(str(run_dir)).ranks[0].collectives
+    records = collect(str(run_dir)).ranks[0].collectives
     assert [r.seq for r in records] == [0, 1, 2]
-    assert records[1].t_enqueue > collector.collect(str(run_dir)).ranks[0].fault.fired_at
+    assert records[1].t_enqueue > collect(str(run_dir)).ranks[0].fault.fired_at
 
 
 def test_skip_broadcast_blocks_in_dequeue_without_reading(spawn, run_dir):
     faulted(spawn, "rank=0,at=dequeue,step=2,kind=skip_broadcast")
     state = wait_for(lambda: rank_in_phase(run_dir, 0, "dequeue", 2), what="dequeue step 2")
     time.sleep(0.3)
-    state = collector.collect(str(run_dir)).ranks[0]
+    state = collect(str(run_dir)).ranks[0]
     assert (state.phase.name, state.phase.step, state.ring_read) == ("dequeue", 2, 2)
     assert state.alive and state.fault.fired_at is not None

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from diagnose.analysis import analyze
-from diagnose.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
-from diagnose.thresholds import Thresholds
+from diagnose.offline.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
+from diagnose.analysis.thresholds import Thresholds
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 POST_MORTEM = Thresholds(stall_s=0.0)

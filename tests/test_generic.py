@@ -8,15 +8,17 @@ import sys
 
 import psutil
 
-from diagnose.analysis import CLEAN_EXIT_PHASE, analyze
-from diagnose.collector import Collector
-from diagnose.snapshot import Identity
-from diagnose.thresholds import Thresholds
+from diagnose.analysis import analyze
+from diagnose.launch.launcher import BOOTSTRAP_DIR
+from diagnose.core.vocab import Phase
+from diagnose.launch.collector import Collector
+from diagnose.core.snapshot import Identity
+from diagnose.analysis.thresholds import Thresholds
 from synthetic import Job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(REPO, "tests", "programs")
-BOOTSTRAP = os.path.join(REPO, "diagnose", "bootstrap")
+BOOTSTRAP = BOOTSTRAP_DIR
 DETECT_S = 5.0
 
 
@@ -120,7 +122,7 @@ def test_mark_is_a_phase_and_never_reached_works(tmp_path):
 
 def test_bootstrap_chains_and_stays_lazy(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("print('theirs ran')\n")
-    probe_check = "import sys; print('torch' in sys.modules, 'diagnose.generic' in sys.modules)"
+    probe_check = "import sys; print('torch' in sys.modules, 'diagnose.probe.torch_dist' in sys.modules)"
     path = os.pathsep.join([BOOTSTRAP, str(tmp_path)])
     off = subprocess.run([sys.executable, "-c", probe_check], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=path), timeout=30)
@@ -144,7 +146,7 @@ def _generic_job() -> Job:
 def test_process_that_ended_normally_is_not_dead():
     job = _generic_job()
     for rank, state in job.ranks.items():
-        job.phase(state, CLEAN_EXIT_PHASE, 990.0, 990.001)
+        job.phase(state, Phase.EXIT, 990.0, 990.001)
         state.alive = False
     job.ranks[1].phases.clear()   # rank 1 ended without the clean-exit phase
     verdicts = analyze(job.snapshot(), Thresholds())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diagnose import collector
+from collecting import collect
 from test_probe import wait_for
 from engine.communicator import DEFAULT_TIMEOUT_S, TIMEOUT_VAR, timeout_from_env
 
@@ -90,7 +90,7 @@ def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path)
     try:
         assert child.stdout.readline().strip() == "spinning"
         time.sleep(0.5)                          # a few heartbeats
-        records = collector.collect(str(run_dir)).ranks[0].collectives
+        records = collect(str(run_dir)).ranks[0].collectives
         assert [(r.seq, r.state, r.device) for r in records] == [
             (seq, "completed", True) for seq in range(5)]
         assert {r.site for r in records} == {records[0].site}   # as at capture
@@ -100,7 +100,7 @@ def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path)
         child.stdin.flush()
 
         def replay_finished():
-            state = collector.collect(str(run_dir)).ranks[0]
+            state = collect(str(run_dir)).ranks[0]
             return (state.phase is not None and state.phase.step == 2
                     and state.collectives[-1].t_device_done is not None)
         wait_for(replay_finished, timeout=60.0, what="the replay to finish on the GPU")

@@ -3,7 +3,7 @@ import json
 import os
 
 from diagnose import cli
-from diagnose.logs import scan_file
+from diagnose.offline.logs import scan_file
 
 LOGS = os.path.join(os.path.dirname(__file__), "fixtures", "logs")
 

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from diagnose import collector, runfile, stacks
+from diagnose.core import runfile
+from collecting import collect
+from diagnose.launch import collector
+from diagnose.launch.py_spy import py_spy_dump
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +62,7 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 def rank_in_phase(run_dir, rank: int, name: str, step=None):
     """The rank's state once its innermost open phase is (name, step), else None."""
-    state = collector.collect(str(run_dir)).ranks.get(rank)
+    state = collect(str(run_dir)).ranks.get(rank)
     if state and state.phase and (state.phase.name, state.phase.step) == (name, step):
         return state
     return None
@@ -157,7 +160,7 @@ def test_heartbeat_goes_on_while_the_main_thread_is_blocked(spawn, run_dir, bloc
     wait_for(lambda: rank_in_phase(run_dir, 0, "forward", 7), what="forward step 7")
     before = heartbeats(run_dir)
     time.sleep(0.6)
-    state = collector.collect(str(run_dir)).ranks[0]
+    state = collect(str(run_dir)).ranks[0]
     assert heartbeats(run_dir) >= before + 3
     assert time.time() - state.heartbeat_at < 0.5
     function = "wait_in_sleep" if blocked_in == "sleep" else "wait_on_lock"
@@ -170,11 +173,11 @@ def test_stacks_are_dumped_on_request(spawn, run_dir):
 
     assert collector.request_dump(str(run_dir)) == []
 
-    threads = collector.collect(str(run_dir)).ranks[0].stacks
+    threads = collect(str(run_dir)).ranks[0].stacks
     assert list(threads) == ["MainThread"]  # the heartbeat thread leaves itself out
     assert threads["MainThread"][-1].endswith(" wait_in_sleep")
     assert threads["MainThread"][0].endswith(" <module>")
-    external = stacks.py_spy_dump(child.pid)
+    external = py_spy_dump(child.pid)
     assert external.note is None
     assert any(frames[-1].endswith(" wait_in_sleep") for frames in external.threads.values())
 
@@ -182,7 +185,7 @@ def test_stacks_are_dumped_on_request(spawn, run_dir):
 def test_py_spy_of_a_missing_process_gives_a_note(spawn):
     child = spawn("pass")
     child.wait()
-    external = stacks.py_spy_dump(child.pid, timeout=10)
+    external = py_spy_dump(child.pid, timeout=10)
     assert external.threads is None
     assert str(child.pid) in external.note
 
@@ -205,7 +208,7 @@ def test_state_survives_sigkill(spawn, run_dir):
     child.send_signal(signal.SIGKILL)
     child.wait()
 
-    state = collector.collect(str(run_dir)).ranks[0]
+    state = collect(str(run_dir)).ranks[0]
     assert not state.alive
     assert [(p.name, p.step) for p in state.open_phases] == [("execute_model", 4), ("forward", 4)]
     (record,) = state.collectives
@@ -253,7 +256,7 @@ def test_driver_state_and_forked_children_stay_out(spawn, run_dir):
     spawn(DRIVER_CHILD)
 
     def driver_scheduling():
-        driver = collector.collect(str(run_dir)).driver
+        driver = collect(str(run_dir)).driver
         return driver if driver and driver.phase and driver.phase.name == "schedule" else None
 
     driver = wait_for(driver_scheduling, what="the driver in schedule")

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from diagnose import runfile, synth
+from diagnose.core import runfile
+from diagnose.offline import synth
 from diagnose.analysis import analyze
-from diagnose.collector import Collector
-from diagnose.flight_recorder import load_dump
+from diagnose.launch.collector import Collector
+from diagnose.offline.flight_recorder import load_dump
 
 RANKS, TP, CULPRIT = 32, 4, 13
 

@@ -16,9 +16,10 @@ import pytest
 from textual.widgets import Static
 
 from diagnose.analysis import analyze
-from diagnose.snapshot import Snapshot, Verdict
+from diagnose.core.snapshot import Snapshot, Verdict
 from synthetic import OP_S, Job
-from tui.app import POLL_INTERVAL_S, DiagApp, open_run_dir, read_log_tail
+from diagnose.launch.rundir import open_run as open_run_dir
+from tui.app import POLL_INTERVAL_S, DiagApp, read_log_tail
 from tui.grid_model import CULPRIT, DEAD, IDLE, RUNNING, WAITING, build_grid, move
 from tui.quit_screen import QuitScreen
 from tui.rank_detail import RankDetail

@@ -18,10 +18,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
-from diagnose.analysis import analyze
-from diagnose.collector import Collector, request_dump
-from diagnose.snapshot import Snapshot, Verdict
-from diagnose.stacks import py_spy_dump
+from diagnose.core.snapshot import Snapshot, Verdict
 from tui.grid_model import CULPRIT, GridModel, build_grid
 from tui.quit_screen import STOP, QuitScreen
 from tui.rank_detail import RankDetail, RankView
@@ -37,13 +34,13 @@ RANK_LOGS = ("rank-{rank}.log", "nccl-rank-{rank}.log")
 NO_CONTROLLER = "attached read-only: b and r work when the TUI runs under `diag launch --tui`"
 
 
-class RunDirError(Exception):
-    """The run dir is missing or cannot be read."""
-
-
 class Source(Protocol):
+    """What the TUI shows and the two things it may ask of the ranks
+    (diagnose.launch.rundir has the run dir's and the launcher's)."""
     def snapshot(self) -> Snapshot: ...
     def verdicts(self, snapshot: Snapshot) -> list[Verdict]: ...
+    def request_dump(self) -> list[str]: ...
+    def py_spy(self, pid: int, native: bool): ...
 
 
 class Controller(Protocol):
@@ -51,42 +48,6 @@ class Controller(Protocol):
     def toggle_launch_blocking(self, rank: int) -> bool: ...  # the rank's new setting
     def restart(self) -> None: ...
     def stop(self) -> None: ...
-
-
-def check_run_dir(run_dir: str) -> Path:
-    path = Path(run_dir)
-    if not path.exists():
-        raise RunDirError(f"no run dir at {run_dir}")
-    if not path.is_dir():
-        raise RunDirError(f"{run_dir} is not a run dir (not a directory)")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise RunDirError(f"cannot read the run dir {run_dir} (permission denied)")
-    return path
-
-
-class RunDirSource:
-    """Snapshots and verdicts of the run in one run dir, read by the collector."""
-
-    def __init__(self, run_dir: str) -> None:
-        self.collector = Collector(str(check_run_dir(run_dir)))
-
-    def snapshot(self) -> Snapshot:
-        return self.collector.snapshot()
-
-    def verdicts(self, snapshot: Snapshot) -> list[Verdict]:
-        return analyze(snapshot)
-
-
-def open_run_dir(run_dir: str) -> RunDirSource:
-    """A source over `run_dir`, once it has shown at least one readable probe file."""
-    source = RunDirSource(run_dir)
-    first = source.snapshot()
-    notes = source.collector.notes
-    if not first.ranks and first.driver is None and notes:
-        raise RunDirError(f"cannot read any probe file in {run_dir}: {notes[0]}")
-    if not first.ranks and first.driver is None:
-        raise RunDirError(f"no readable probe file in {run_dir}: not a run dir, or no rank has started yet")
-    return source
 
 
 @dataclass
@@ -298,17 +259,17 @@ class DiagApp(App):
 
     @work(thread=True, group="py-spy", exit_on_error=False)
     def spy(self, rank: int, pid: int, native: bool) -> tuple[int, str, list[str]]:
-        stacks = py_spy_dump(pid, native=native)
+        stacks = self.source.py_spy(pid, native)
         lines = stack_lines(stacks.threads) if stacks.threads else [stacks.note or "py-spy gave nothing"]
         return rank, "py-spy --native" if native else "py-spy", lines
 
     def action_dump(self) -> None:
         if self.snapshot is not None:
-            self.dump(self.snapshot.run_dir)
+            self.dump()
 
     @work(thread=True, group="dump", exit_on_error=False)
-    def dump(self, run_dir: str) -> None:
-        missing = request_dump(run_dir)
+    def dump(self) -> None:
+        missing = self.source.request_dump()
         message = "\n".join(["no stacks from:", *missing]) if missing else "every live rank dumped its stacks"
         self.call_from_thread(self.notify, message, severity="warning" if missing else "information")
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diagnose.report import RankRow, rank_rows
-from diagnose.snapshot import RankState, Snapshot, Verdict
+from diagnose.core.snapshot import RankState, Snapshot, Verdict
+from diagnose.core.vocab import Phase
+from diagnose.offline.report import RankRow, rank_rows
 
 CULPRIT, DEAD, WAITING, RUNNING, IDLE = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE"
 STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE)
 NAMED_STATES = (CULPRIT, DEAD)  # grouped lines list these ranks by number
 REPORT_WORDS = {"culprit": CULPRIT, "dead": DEAD, "victim": WAITING, "running": RUNNING}
-IDLE_PHASES = (None, "dequeue")  # a running rank here waits for work, not on a peer
+IDLE_PHASES = (None, Phase.DEQUEUE)  # a running rank here waits for work, not on a peer
 
 GROUP_AT = 64
 

@@ -9,8 +9,8 @@ from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from diagnose.report import collective_label
-from diagnose.snapshot import RankState
+from diagnose.core.snapshot import RankState
+from diagnose.offline.report import collective_label
 
 TIMELINE_LEN = 10
 COLLECTIVES_LEN = 8

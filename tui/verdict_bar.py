@@ -5,8 +5,9 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from diagnose.report import CULPRIT_NAME, VICTIMS_TAIL
-from diagnose.snapshot import Verdict
+from diagnose.core.snapshot import Verdict
+from diagnose.core.vocab import Mention
+from diagnose.offline.report import summary_text
 
 
 class VerdictBar(Widget):
@@ -17,9 +18,9 @@ class VerdictBar(Widget):
     def render(self) -> Text:
         if not self.verdicts:
             return Text("no hang detected", style=self.get_component_rich_style("verdict-bar--ok"))
-        sentence = Text(self.verdicts[0].summary)
-        sentence.highlight_regex(CULPRIT_NAME, self.get_component_rich_style("verdict-bar--culprit"))
-        sentence.highlight_regex(VICTIMS_TAIL, self.get_component_rich_style("verdict-bar--victim"))
+        styles = {Mention.CULPRIT: self.get_component_rich_style("verdict-bar--culprit"),
+                  Mention.VICTIMS: self.get_component_rich_style("verdict-bar--victim")}
+        sentence = summary_text(self.verdicts[0], styles)
         if len(self.verdicts) > 1:
             sentence.append(f"  (+{len(self.verdicts) - 1} more)")
         return sentence

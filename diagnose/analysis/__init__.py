@@ -1,0 +1,86 @@
+"""From a snapshot of every rank to verdicts: who is stuck, and who is to blame.
+
+One pure function, `analyze(snapshot)`: no I/O, no clock (now is
+`snapshot.taken_at`), no import of the engine, the launcher or the TUI. It
+serves the live view and the post-mortem alike.
+
+The analysis builds a wait-for graph over the driver and the worker ranks
+(graph.py):
+
+  - a rank blocked in a collective of group G at seq S waits on each member of
+    G that has not joined seq S, or joined it and is still inside it;
+  - the n-th recv at b from a waits on the n-th send a->b, and the other way round;
+  - a worker idle in `dequeue` that has read every broadcast message waits on
+    the driver; the driver inside `execute_model` waits on the output rank
+    (the last PP stage's TP rank 0).
+
+Ranks at the root of the graph (a terminal strongly connected component: a
+rank that waits on no one, or a cycle) are the culprits once they have made no
+progress for longer than their phase's stall limit; every rank that reaches
+them is a victim (roots.py). Three rules come before the graph: a dead process
+is the culprit of everything that follows (the first to die, if several;
+dead.py), members that disagree on the op of one collective are a mismatch,
+and a member that went past a collective seq without joining it (or past its
+side of a send/recv a peer waits in) is the culprit of that collective even
+where the graph has a cycle through the driver (collectives.py). On a GPU the
+host returns from a collective once it is enqueued: a call the device has not
+finished still counts as unfinished, and a rank whose GPU has not even reached
+it waits on no one but its own GPU (`gpu_stuck`). A job that hung and was then
+stopped is judged as it stood just before its first death (timeline.py), so
+the hang, not the kill, is named. In a multi-node job, a node whose agent went
+silent is `node_lost`: the verdicts that blame its ranks, whose state is stale,
+give way to that one.
+
+The driver is not a rank: where it is a culprit or a victim, verdicts say so
+in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
+
+The modules: view.py (the snapshot indexed), position.py (where a process is
+and when it last moved), graph.py, one module per rule family (dead,
+collectives, roots, straggler), wording.py (the sentences).
+"""
+from __future__ import annotations
+
+from diagnose.analysis.collectives import (mismatch_verdicts, skipped_collective_verdicts,
+                                           skipped_p2p_verdicts)
+from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts
+from diagnose.analysis.graph import wait_for_graph
+from diagnose.analysis.roots import root_verdicts
+from diagnose.analysis.straggler import straggler_verdicts
+from diagnose.analysis.thresholds import StallLimits, Thresholds
+from diagnose.analysis.timeline import recent, rewind
+from diagnose.analysis.view import View, shutdown_starts
+from diagnose.core.snapshot import Snapshot, Verdict
+
+
+def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
+    """Verdicts, the most likely root cause first; an empty list means healthy."""
+    verdicts = _judge(recent(snapshot), thresholds or Thresholds())
+    lost = [node for node in snapshot.nodes if node.lost]
+    return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts
+
+
+def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
+    view = View(snapshot)
+    if view.deaths:
+        # A job that hung and was then stopped: the hang, seen as it stood just
+        # before the first death, is the cause, and the deaths came after it.
+        first_death = min([death.at for death in view.deaths.values()]
+                          + shutdown_starts(snapshot))
+        before = rewind(snapshot, first_death)
+        hangs = hang_verdicts(View(before), StallLimits(before, thresholds))
+        for verdict in hangs:
+            verdict.evidence["job_ended_s_ago"] = round(view.now - first_death, 3)
+        if hangs:
+            return hangs
+    limits = StallLimits(snapshot, thresholds)
+    verdicts = dead_verdicts(view, wait_for_graph(view)) + hang_verdicts(view, limits)
+    return verdicts + straggler_verdicts(view, thresholds)
+
+
+def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
+    graph = wait_for_graph(view)
+    verdicts = mismatch_verdicts(view)
+    verdicts += skipped_collective_verdicts(view, graph, limits)
+    verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
+    named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    return verdicts + root_verdicts(view, graph, limits, named)

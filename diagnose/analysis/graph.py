@@ -1,0 +1,122 @@
+"""The wait-for graph over the driver and the ranks, and its roots."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from diagnose.analysis.position import innermost
+from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, gpu_behind, unfinished
+from diagnose.core.snapshot import CollectiveRecord
+from diagnose.core.vocab import Phase
+
+
+def wait_for_graph(view: View) -> dict[Node, set[Node]]:
+    graph: dict[Node, set[Node]] = {rank: set() for rank in view.ranks}
+    driver = view.driver
+    if driver is not None:
+        graph[DRIVER] = set()
+    for rank, state in view.ranks.items():
+        if rank in view.deaths:
+            continue
+        record = view.pending.get(rank)
+        if record is not None:
+            graph[rank] |= record_waits(view, rank, record)
+            if gpu_behind(record):
+                continue               # it waits on its own GPU, whatever its host does next
+        phase = innermost(state)
+        if (driver is not None and phase is not None and phase.name == Phase.DEQUEUE
+                and state.ring_read >= driver.ring_written):
+            graph[rank].add(DRIVER)
+    if driver is not None and DRIVER not in view.deaths:
+        phase = innermost(driver)
+        output = view.output_rank()
+        if phase is not None and phase.name == Phase.EXECUTE_MODEL and output is not None:
+            graph[DRIVER].add(output)
+    return graph
+
+
+def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
+    """The ranks that `rank`, blocked in `record`, waits on."""
+    if gpu_behind(record):
+        return set()                   # it waits on its own GPU
+    if record.op in P2P_OPS:
+        peer = record.peer
+        if peer not in view.ranks:
+            return set()
+        other_op = "recv" if record.op == "send" else "send"
+        match = view.p2p.get((record.group, other_op, peer, rank, record.seq))
+        matched = view.highest_seq.get((record.group, other_op, peer, rank), -1) >= record.seq
+        if matched and (match is None or not unfinished(match)):
+            return set()
+        return {peer}
+    return view.blockers(record.group, record.seq) - {rank}
+
+
+def waited_by(graph: dict[Node, set[Node]]) -> dict[Node, set[Node]]:
+    """Node -> the nodes with an edge to it: what reachers() walks."""
+    reverse: dict[Node, set[Node]] = defaultdict(set)
+    for node, outs in graph.items():
+        for out in outs:
+            reverse[out].add(node)
+    return reverse
+
+
+def reachers(reverse: dict[Node, set[Node]], targets: set[Node]) -> set[Node]:
+    """Every node with a path to one of `targets` (the targets excluded);
+    `reverse` is waited_by(graph), made once per graph."""
+    seen, todo = set(), list(targets)
+    while todo:
+        for node in reverse.get(todo.pop(), ()):
+            if node not in seen:
+                seen.add(node)
+                todo.append(node)
+    return seen - targets
+
+
+def terminal_components(graph: dict[Node, set[Node]]) -> list[set[Node]]:
+    """Strongly connected components with no edge leaving them: the roots, in
+    the order of their first node in `graph`.
+
+    Tarjan's algorithm, iterative, so linear in the edges: a collective that
+    a thousand ranks sit in gives a million of them (each waits on every
+    other member still inside it)."""
+    order = {node: index for index, node in enumerate(graph)}
+    index: dict[Node, int] = {}
+    low: dict[Node, int] = {}
+    stack: list[Node] = []
+    on_stack: set[Node] = set()
+    roots = []
+    for start in graph:
+        if start in index:
+            continue
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        work = [(start, iter(graph[start]))]
+        while work:
+            node, edges = work[-1]
+            for out in edges:
+                if out not in index:
+                    index[out] = low[out] = len(index)
+                    stack.append(out)
+                    on_stack.add(out)
+                    work.append((out, iter(graph.get(out, ()))))
+                    break
+                if out in on_stack and index[out] < low[node]:
+                    low[node] = index[out]
+            else:
+                work.pop()
+                if work and low[node] < low[work[-1][0]]:
+                    low[work[-1][0]] = low[node]
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if node in order and all(out in component for member in component
+                                             for out in graph.get(member, ())):
+                        roots.append(component)
+    return sorted(roots, key=lambda component: min(order[node] for node in component
+                                                   if node in order))

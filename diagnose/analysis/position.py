@@ -1,0 +1,115 @@
+"""Where a process is in its phases and steps, and when it last moved."""
+from __future__ import annotations
+
+from diagnose.analysis.view import DRIVER, Node, View
+from diagnose.core.snapshot import PhaseEvent, RankState
+from diagnose.core.vocab import MILESTONES, Phase, Role
+
+
+def innermost(state: RankState) -> PhaseEvent | None:
+    return state.open_phases[-1] if state.open_phases else None
+
+
+def last_progress(state: RankState) -> float:
+    times = [state.started_at]
+    for event in state.phases + state.open_phases:
+        times.append(event.start if event.end is None else event.end)
+    for record in state.collectives:
+        times.append(record.t_enqueue if record.t_complete is None else record.t_complete)
+    return max(times)
+
+
+def device_progress(state: RankState) -> float:
+    """The last time the rank's GPU was seen to finish a traced call."""
+    return max([record.t_device_done for record in state.collectives
+                if record.t_device_done is not None], default=state.started_at)
+
+
+def current_step(state: RankState) -> int | None:
+    for event in reversed(state.open_phases):
+        if event.step is not None:
+            return event.step
+    return last_step(state)
+
+
+def last_step(state: RankState) -> int | None:
+    """The last step the rank finished."""
+    steps = [event.step for event in state.phases if event.name == Phase.EXECUTE_MODEL
+             and event.step is not None and event.end is not None]
+    return max(steps) if steps else None
+
+
+def position(state: RankState) -> tuple[float, int] | None:
+    """How far a worker is through the step loop: (step, phases finished inside
+    the step). Between steps counts as step + 0.5; None without phase data."""
+    open_step = next((event for event in reversed(state.open_phases)
+                      if event.name == Phase.EXECUTE_MODEL), None)
+    if open_step is not None and open_step.step is not None:
+        done = sum(1 for event in state.phases
+                   if event.end is not None and event.start >= open_step.start)
+        return (open_step.step, done)
+    step = last_step(state)
+    if step is not None:
+        return (step + 0.5, 0)
+    if state.phases or state.open_phases:
+        return (-1, 0)
+    return None
+
+
+def milestone(state: RankState) -> int:
+    """Index in MILESTONES of the furthest start-up/step phase the rank entered."""
+    names = {event.name for event in state.phases + state.open_phases}
+    reached = [index for index, name in enumerate(MILESTONES) if name in names]
+    return max(reached, default=-1)
+
+
+def where(state: RankState) -> str:
+    phase = innermost(state)
+    closed = [event for event in state.phases if event.end is not None]
+    if phase is None:
+        if closed:
+            return f"stuck after {max(closed, key=lambda event: event.end).name}"
+        return "stuck before its first phase"
+    inside = [event for event in closed if event.start >= phase.start]
+    if inside:
+        return f"stuck in {phase.name} after {max(inside, key=lambda event: event.end).name}"
+    return f"stuck in {phase.name}"
+
+
+def limit_phase(view: View, node: Node) -> str | None:
+    """The phase whose stall limit applies: where the process is, or for a worker
+    between phases the next phase of its start-up/step sequence."""
+    state = view.state(node)
+    phase = innermost(state)
+    if node != DRIVER and ring_behind(view, node):
+        return Phase.EXECUTE_MODEL          # a message waits to be read: a step is due
+    if phase is not None:
+        return phase.name
+    if state.identity.role == Role.WORKER and last_closed(state) == Phase.DEQUEUE:
+        return None                     # it took a message and never began the work: no
+                                        # engine code runs long between these phases
+    if state.identity.role == Role.WORKER:
+        return MILESTONES[min(milestone(state) + 1, len(MILESTONES) - 1)]
+    return last_closed(state)
+
+
+def last_closed(state: RankState) -> str | None:
+    closed = [event for event in state.phases if event.end is not None]
+    return max(closed, key=lambda event: event.end).name if closed else None
+
+
+def ring_behind(view: View, rank: int) -> bool:
+    """The worker sits in dequeue without reading messages the driver wrote and
+    other workers took."""
+    driver, state = view.driver, view.ranks[rank]
+    phase = innermost(state)
+    if driver is None or phase is None or phase.name != Phase.DEQUEUE:
+        return False
+    read = state.ring_read
+    return read < driver.ring_written and any(
+        other.ring_read > read for peer, other in view.ranks.items() if peer != rank)
+
+
+def phase_name(state: RankState) -> str | None:
+    phase = innermost(state)
+    return phase.name if phase is not None else None

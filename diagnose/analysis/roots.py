@@ -1,0 +1,213 @@
+"""The roots of the wait-for graph that stalled: never reached a phase, stuck in
+one, stopped taking the broadcast, a GPU that stopped, or a cycle."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from diagnose.analysis.graph import reachers, terminal_components, waited_by
+from diagnose.analysis.position import (current_step, device_progress, innermost, last_progress,
+                                        last_step, limit_phase, milestone, phase_name, ring_behind,
+                                        where)
+from diagnose.analysis.thresholds import StallLimits
+from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, driver_shutting_down, gpu_behind
+from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
+                                       ranks_of, step_text, who)
+from diagnose.core.snapshot import RankState, Verdict
+from diagnose.core.vocab import MILESTONES, Phase, Role, VerdictKind
+
+
+def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
+                  named: set[int]) -> list[Verdict]:
+    """One verdict for each root of the wait-for graph that has stalled."""
+    found, reverse = [], waited_by(graph)
+    for component in terminal_components(graph):
+        if component & (named | set(view.deaths)):
+            continue
+        victims = reachers(reverse, component)
+        if len(component) == 1:
+            verdict = _single_root(view, next(iter(component)), victims, limits)
+        else:
+            verdict = _cycle_root(view, component, victims, limits)
+        if verdict is not None:
+            found.append(verdict)
+    return sorted(found, key=lambda verdict: -(verdict.detected_after_s or 0.0))
+
+
+def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits) -> Verdict | None:
+    state = view.state(node)
+    has_phase = innermost(state) is not None
+    if node == DRIVER and not has_phase:
+        return None                      # an idle driver: the server has nothing to do
+    if not has_phase and not victims and state.identity.role != Role.WORKER:
+        return None                      # nothing says this process should be doing anything
+    if not has_phase and (view.snapshot.command_exit is not None
+                          or driver_shutting_down(view.snapshot)):
+        return None                      # the job is ending: the rank is on its way out
+    if node in view.pending and gpu_behind(view.pending[node]):
+        return _gpu_stuck(view, node, victims, limits)
+    stall = view.now - _stalled_since(view, node, victims)
+    if stall < limits.limit(limit_phase(view, node)):
+        return None
+    kind, reached = _root_kind(view, node)
+    group, seq = _waited_collective(view, node, victims)
+    if kind == VerdictKind.STUCK_IN_PHASE and not (state.phases or state.open_phases) and group is not None:
+        kind = VerdictKind.COLLECTIVE_MISSING_PEERS
+    step = current_step(state)
+    words = _root_words(view, node, kind, reached, stall, group, seq).waiting(victims)
+    evidence = rank_evidence(view, state)
+    if node == DRIVER:
+        evidence["culprit"] = DRIVER
+    phase = reached if kind == VerdictKind.NEVER_REACHED else phase_name(state)
+    return Verdict(kind=kind, culprit_ranks=ranks_of({node}), victim_ranks=ranks_of(victims),
+                   summary=words.text, spans=words.spans, phase=phase, step=step,
+                   group=group, seq=seq, detected_after_s=round(stall, 3), evidence=evidence)
+
+
+def _gpu_stuck(view: View, node: int, victims: set[Node], limits: StallLimits) -> Verdict | None:
+    """The rank's host enqueued a call and went on; its GPU never reached the call."""
+    state = view.ranks[node]
+    record = view.pending[node]
+    stall = view.now - max(record.t_enqueue, device_progress(state))
+    if stall < limits.limit(limit_phase(view, node)):
+        return None
+    done = [r for r in state.collectives if r.t_device_done is not None]
+    after = f", after {call_name(done[-1])}" if done else ""
+    site = f" (enqueued at {record.site})" if record.site else ""
+    words = Words().culprit(who(view, node)).add(
+        f": the GPU has not reached {call_name(record)}{site} for {stall:.0f} s, stuck in the "
+        f"work before it{after}; the host is {where(state).removeprefix('stuck ')}"
+        f"{step_text(state)}{at_frame(state)}").waiting(victims)
+    evidence = rank_evidence(view, state)
+    evidence["device"] = {"not_reached": asdict(record),
+                          "last_finished": asdict(done[-1]) if done else None,
+                          "host": f"{where(state).removeprefix('stuck ')}{at_frame(state)}"}
+    evidence["victims_on_device"] = {
+        str(rank): call_name(view.pending[rank]) for rank in ranks_of(victims)
+        if rank in view.pending and view.pending[rank].t_device_start is not None}
+    return Verdict(kind=VerdictKind.GPU_STUCK, culprit_ranks=[node],
+                   victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
+                   phase=phase_name(state), step=current_step(state),
+                   group=record.group, seq=record.seq, detected_after_s=round(stall, 3),
+                   evidence=evidence)
+
+
+def _cycle_root(view: View, component: set[Node], victims: set[Node],
+                limits: StallLimits) -> Verdict | None:
+    """Processes that wait on each other: a deadlock, or a collective stuck with all
+    its members inside."""
+    stall = min(view.now - last_progress(view.state(node)) for node in component)
+    limit = max(limits.limit(limit_phase(view, node)) for node in component)
+    if stall < limit:
+        return None
+    members = ranks_of(component)
+    first = view.state(members[0] if members else DRIVER)
+    record = view.pending.get(members[0]) if members else None
+    what = (f"{record.group} {record.op} seq {record.seq}" if record is not None
+            else phase_name(first) or "their phases")
+    words = Words().culprit(rank_list(members, driver=DRIVER in component)).add(
+        f" wait on each other in {what} for {stall:.0f} s").waiting(victims)
+    return Verdict(kind=VerdictKind.STUCK_IN_PHASE, culprit_ranks=members,
+                   victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
+                   phase=phase_name(first), step=current_step(first),
+                   group=record.group if record else None, seq=record.seq if record else None,
+                   detected_after_s=round(stall, 3),
+                   evidence={"cycle": [str(node) for node in sorted(component, key=str)]})
+
+
+def _stalled_since(view: View, node: Node, victims: set[Node]) -> float:
+    """When the process stopped moving. A worker that has not read a broadcast its
+    peers took stalls from the moment they started that step; a rank that left
+    no trace at all (a missing dump) from when the first rank began to wait."""
+    state = view.state(node)
+    if node != DRIVER and not (state.collectives or state.phases or state.open_phases):
+        waits = [view.pending[rank].t_enqueue for rank in ranks_of(victims) if rank in view.pending]
+        return min(waits, default=state.started_at)
+    since = last_progress(state)
+    if node != DRIVER and ring_behind(view, node):
+        done = last_step(state)
+        starts = [event.start for other, peer in view.ranks.items() if other != node
+                  for event in peer.phases + peer.open_phases
+                  if event.name == Phase.EXECUTE_MODEL and event.step is not None
+                  and (done is None or event.step > done)]
+        if starts:
+            since = max(since, min(starts))
+    return since
+
+
+def _root_kind(view: View, node: Node) -> tuple[str, str | None]:
+    """The verdict kind for a stalled root, and the milestone it never reached."""
+    if node == DRIVER:
+        return VerdictKind.STUCK_IN_PHASE, None
+    state = view.ranks[node]
+    if state.identity.role == Role.PROCESS:
+        missed = _phase_missed(view, node)
+        if missed is not None:
+            return VerdictKind.NEVER_REACHED, missed
+    peers = [milestone(other) for rank, other in view.ranks.items() if rank != node]
+    furthest = max(peers, default=-1)
+    if milestone(state) < furthest:
+        return VerdictKind.NEVER_REACHED, MILESTONES[furthest]
+    if ring_behind(view, node):
+        return VerdictKind.BROADCAST_NOT_CONSUMED, None
+    return VerdictKind.STUCK_IN_PHASE, None
+
+
+def _phase_missed(view: View, node: Node) -> str | None:
+    """Generic mode (phases from --mark): the first phase every other process
+    entered and this one never did."""
+    entered = {rank: {event.name: event.start for event in state.phases + state.open_phases}
+               for rank, state in view.ranks.items()}
+    others = [names for rank, names in entered.items() if rank != node]
+    if not others:
+        return None
+    missed = set.intersection(*(set(names) for names in others)) - set(entered[node])
+    return min(missed, key=lambda name: min(names[name] for names in others), default=None)
+
+
+def _waited_collective(view: View, node: Node, victims: set[Node]) -> tuple[str | None, int | None]:
+    """The group collective that victims wait in for this rank to join; where
+    several, the one this rank alone is missing from (what the majority did)."""
+    candidates = set()
+    for rank in ranks_of(victims):
+        record = view.pending.get(rank)
+        if (record is not None and record.op not in P2P_OPS and node in view.groups.get(record.group, [])
+                and not view.has_joined(node, record.group, record.seq)):
+            candidates.add((record.group, record.seq))
+    if not candidates:
+        return None, None
+
+    def missing(candidate):
+        group, seq = candidate
+        return sum(not view.has_joined(member, group, seq) for member in view.groups[group])
+
+    return min(candidates, key=lambda candidate: (missing(candidate), candidate))
+
+
+def _root_words(view: View, node: Node, kind: VerdictKind, reached: str | None, stall: float,
+                group: str | None, seq: int | None) -> Words:
+    state = view.state(node)
+    words = Words().culprit(who(view, node))
+    if state.phases or state.open_phases:
+        stuck = f"{where(state)}{step_text(state)} for {stall:.0f} s{at_frame(state)}"
+    else:
+        stuck = _last_call_text(state, stall)
+    if kind == VerdictKind.NEVER_REACHED:
+        return words.add(f" never reached {reached}: {stuck}")
+    if kind == VerdictKind.BROADCAST_NOT_CONSUMED:
+        return words.add(f" stopped taking the driver's broadcast: it read {state.ring_read} of "
+                         f"{view.driver.ring_written} messages while its peers read more; {stuck}")
+    if kind == VerdictKind.COLLECTIVE_MISSING_PEERS:
+        op = next(record.op for record in view.pending.values()
+                  if (record.group, record.seq) == (group, seq))
+        return words.add(f" never joined {group} {op} seq {seq}: {stuck}")
+    return words.add(f" {stuck}")
+
+
+def _last_call_text(state: RankState, stall: float) -> str:
+    """Where a rank without phase data is: its last collective call."""
+    if not state.collectives:
+        return "it made no collective call"
+    record = state.collectives[-1]
+    site = f" at {record.site}" if record.site else ""
+    return (f"its last call, {record.group} {record.op} seq {record.seq}{site}, "
+            f"was {stall:.0f} s before the snapshot")

@@ -1,0 +1,85 @@
+"""How long a rank may sit without progress before the analysis calls it stuck.
+
+`auto` (the default) learns a limit per phase from the durations the snapshot's
+phase history shows: a phase may take `factor` times the longest finished
+instance of it, never less than a floor. Start-up phases (and a step phase no
+one has finished yet, such as a slow first step) get a far higher floor than a
+steady-state step. An explicit number gives every phase that limit.
+
+Stall time is measured from a rank's last progress (a phase boundary or a
+collective event), so a long prefill that keeps completing collectives is not
+stalled however long its step takes.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from diagnose.core.snapshot import Snapshot
+from diagnose.core.vocab import STARTUP_PHASES
+
+
+class ThresholdError(ValueError):
+    """A --stall-timeout value that is neither 'auto' nor a positive number."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    stall_s: float | None = None   # explicit limit for every phase; None = auto
+    floor_s: float = 2.0           # steady state: a hang is named within a few seconds
+    startup_s: float = 20.0        # start-up phases and phases with no finished instance
+    factor: float = 4.0            # a phase may take this many times its longest finished run
+
+    # Straggler: a rank's own work per step against its peers'.
+    straggler_ratio: float = 3.0
+    straggler_margin_s: float = 0.5
+    straggler_min_steps: int = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Thresholds:
+        if text == "auto":
+            return cls()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0 or seconds == float("inf"):
+            raise ThresholdError(f"--stall-timeout must be 'auto' or seconds >= 0, not {text!r}")
+        return cls(stall_s=seconds)
+
+
+class StallLimits:
+    """The limit, in seconds, for each phase of one snapshot."""
+
+    def __init__(self, snapshot: Snapshot, thresholds: Thresholds):
+        self.thresholds = thresholds
+        self.longest = _longest_warm_durations(snapshot)
+
+    def limit(self, phase: str | None) -> float:
+        t = self.thresholds
+        if t.stall_s is not None:
+            return t.stall_s
+        if phase is None:
+            return t.floor_s
+        longest = self.longest.get(phase)
+        if phase in STARTUP_PHASES or longest is None:
+            return max(t.startup_s, t.factor * (longest or 0.0))
+        return max(t.floor_s, t.factor * longest)
+
+
+def _longest_warm_durations(snapshot: Snapshot) -> dict[str, float]:
+    """Longest finished duration of each phase, leaving out each process's first
+    instance of a phase that repeats (a cold first step says nothing about the next)."""
+    longest: dict[str, float] = {}
+    processes = list(snapshot.ranks.values())
+    if snapshot.driver is not None:
+        processes.append(snapshot.driver)
+    for state in processes:
+        by_name: dict[str, list[float]] = defaultdict(list)
+        for event in sorted(state.phases, key=lambda event: event.start):
+            if event.end is not None:
+                by_name[event.name].append(event.end - event.start)
+        for name, durations in by_name.items():
+            warm = durations if name in STARTUP_PHASES else durations[1:] or durations
+            longest[name] = max(longest.get(name, 0.0), max(warm))
+    return longest

@@ -1,0 +1,53 @@
+"""Which part of a snapshot's history is judged: each rank's recent records, and
+the job as it stood at an earlier moment (just before the first death)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from diagnose.core.snapshot import CollectiveRecord, PhaseEvent, RankState, Snapshot
+
+RECENT = 256                           # records and phases per rank the analysis reads (4 probe rings)
+
+
+def recent(snapshot: Snapshot) -> Snapshot:
+    """Each rank's last RECENT records and phases. A hang is judged from where the
+    ranks are now; a longer history (2000 entries of a Flight Recorder dump) only
+    costs time: at 1024 ranks, 2.9 s instead of a fraction of one."""
+    if all(len(state.collectives) <= RECENT and len(state.phases) <= RECENT
+           for state in snapshot.ranks.values()):
+        return snapshot
+    return replace(snapshot, ranks={
+        rank: replace(state, collectives=state.collectives[-RECENT:],
+                      phases=state.phases[-RECENT:])
+        for rank, state in snapshot.ranks.items()})
+
+
+def rewind(snapshot: Snapshot, when: float) -> Snapshot:
+    """The snapshot as it would have been taken at `when`, everyone alive: later
+    events are dropped, and what ended later is still open."""
+    def state_at(state: RankState) -> RankState:
+        events = {(event.name, event.start): event for event in state.phases + state.open_phases}
+        phases = [PhaseEvent(event.name, event.step, event.start,
+                             event.end if event.end is not None and event.end <= when else None)
+                  for event in sorted(events.values(), key=lambda event: event.start)
+                  if event.start <= when]
+        records = [_record_at(record, when)
+                   for record in state.collectives if record.t_enqueue <= when]
+        return replace(state, alive=True, heartbeat_at=min(state.heartbeat_at, when),
+                       phases=phases, open_phases=[event for event in phases if event.end is None],
+                       collectives=records,
+                       worker_exits=[exit for exit in state.worker_exits if exit.at <= when])
+
+    driver = state_at(snapshot.driver) if snapshot.driver is not None else None
+    return replace(snapshot, taken_at=when, driver=driver, command_exit=None,
+                   ranks={rank: state_at(state) for rank, state in snapshot.ranks.items()})
+
+
+def _record_at(record: CollectiveRecord, when: float) -> CollectiveRecord:
+    if record.t_complete is None or record.t_complete > when:
+        record = replace(record, state="enqueued", t_complete=None)
+    if record.t_device_start is not None and record.t_device_start > when:
+        record = replace(record, t_device_start=None)
+    if record.t_device_done is not None and record.t_device_done > when:
+        record = replace(record, t_device_done=None)
+    return record

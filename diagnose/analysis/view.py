@@ -1,0 +1,183 @@
+"""The snapshot, indexed for the questions the analysis asks: who joined which
+collective, where each rank is blocked, which processes died."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot
+from diagnose.core.vocab import Phase
+
+DRIVER = "driver"                      # the driver's node in the wait-for graph
+P2P_OPS = ("send", "recv")
+
+Node = int | str                       # a worker rank, or DRIVER
+
+
+@dataclass
+class Death:
+    node: Node
+    at: float                   # last sign of life
+    exitcode: int | None        # negative: killed by signal -exitcode
+
+
+class View:
+    """The snapshot, indexed for the questions the analysis asks."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+        self.now = snapshot.taken_at
+        self.ranks = snapshot.ranks
+        self.driver = snapshot.driver
+        self.deaths = find_deaths(snapshot)
+        # (group, seq) -> {rank: record} for group collectives
+        self.joined: dict[tuple[str, int], dict[int, CollectiveRecord]] = {}
+        # (group, rank) or (group, op, rank, peer) -> the highest seq seen
+        self.highest_seq: dict[tuple, int] = {}
+        # (group, op, rank, peer, seq) -> record, for send/recv
+        self.p2p: dict[tuple, CollectiveRecord] = {}
+        # rank -> the earliest record it has not completed: where it is blocked
+        self.pending: dict[int, CollectiveRecord] = {}
+        # (group, seq) where a member's call differs from the first one indexed
+        # there: the only places a mismatch can be
+        self.disagreeing: set[tuple[str, int]] = set()
+        self._blockers: dict[tuple[str, int], set[int]] = {}
+        for rank, state in self.ranks.items():
+            self._index(rank, state.collectives)
+        self.groups = member_groups(snapshot, self.highest_seq)
+
+    def _index(self, rank: int, records: list[CollectiveRecord]) -> None:
+        """This loop meets every record of the snapshot, so it keeps to local
+        names and one pass: at 1024 ranks x 2000 records that is most of the
+        analysis's time."""
+        joined, highest_seq, p2p = self.joined, self.highest_seq, self.p2p
+        waiting = None
+        for record in records:
+            group, seq = record.group, record.seq
+            if record.op in P2P_OPS:
+                key = (group, record.op, rank, record.peer)
+                p2p[key + (seq,)] = record
+            else:
+                key = (group, rank)
+                members = joined.get((group, seq))
+                if members is None:
+                    joined[(group, seq)] = {rank: record}
+                else:
+                    first = next(iter(members.values()))
+                    if (record.op != first.op or record.shapes != first.shapes
+                            or record.dtype != first.dtype):
+                        self.disagreeing.add((group, seq))
+                    members[rank] = record
+            highest = highest_seq.get(key, -1)
+            highest_seq[key] = seq if seq > highest else highest
+            if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
+                waiting = record
+        if waiting is not None:
+            self.pending[rank] = waiting
+
+    def state(self, node: Node) -> RankState:
+        return self.driver if node == DRIVER else self.ranks[node]
+
+    def has_joined(self, rank: int, group: str, seq: int) -> bool:
+        return self.highest_seq.get((group, rank), -1) >= seq
+
+    def blockers(self, group: str, seq: int) -> set[int]:
+        """Members of `group` that keep its collective `seq` from finishing: not
+        joined yet, or joined and still inside. Every member waiting there
+        waits on these (less itself), so the set is made once per collective."""
+        key = (group, seq)
+        found = self._blockers.get(key)
+        if found is None:
+            joined = self.joined.get(key, {})
+            found = self._blockers[key] = {
+                member for member in self.groups.get(group, []) if member in self.ranks
+                and (not self.has_joined(member, group, seq)
+                     or (member in joined and unfinished(joined[member])))}
+        return found
+
+    def output_rank(self) -> int | None:
+        """The rank that returns the sampled tokens: last PP stage, TP rank 0."""
+        for rank, state in self.ranks.items():
+            ident = state.identity
+            if ident.tp_rank == 0 and ident.pp_size is not None and ident.pp_rank == ident.pp_size - 1:
+                return rank
+        return max(self.ranks) if self.ranks else None
+
+
+def member_groups(snapshot: Snapshot, highest_seq: dict[tuple, int]) -> dict[str, list[int]]:
+    """Group name -> members: from the identities, else from the TP x PP layout,
+    else every rank that has a record in the group (a (group, rank) key of
+    View.highest_seq)."""
+    groups: dict[str, set[int]] = defaultdict(set)
+    merged = None
+    for state in snapshot.ranks.values():
+        if state.identity.groups == merged:
+            continue                    # ranks of a job mostly carry the same groups
+        merged = state.identity.groups
+        for name, members in merged.items():
+            groups[name].update(members)
+    for rank, state in snapshot.ranks.items():
+        ident = state.identity
+        if ident.pp_rank is not None and f"tp{ident.pp_rank}" not in state.identity.groups:
+            groups[f"tp{ident.pp_rank}"].add(rank)
+    for key in highest_seq:
+        if len(key) == 2:
+            group, rank = key
+            if group not in snapshot.ranks[rank].identity.groups:
+                groups[group].add(rank)
+    return {name: sorted(members) for name, members in groups.items()}
+
+
+def unfinished(record: CollectiveRecord) -> bool:
+    """Not returned on the host, or (traced on the GPU) not finished on the device."""
+    return record.state != "completed" or (record.device and record.t_device_done is None)
+
+
+def gpu_behind(record: CollectiveRecord) -> bool:
+    """The host made the call and moved on; the GPU has not reached it yet."""
+    return record.device and record.state == "completed" and record.t_device_start is None
+
+
+def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
+    """Dead processes, each dated by its last heartbeat: the driver notices a
+    worker's exit only when it next looks, and notes only the first it finds.
+    The driver's own exit code is the wrapped command's. When the command
+    ended with 0, a process that is gone simply finished."""
+    if snapshot.command_exit == 0:
+        return {}
+    exits = {}
+    if snapshot.driver is not None:
+        exits = {exit.rank: exit for exit in snapshot.driver.worker_exits}
+    stopping = driver_shutting_down(snapshot)
+    deaths: dict[Node, Death] = {}
+    for rank, state in snapshot.ranks.items():
+        if rank in exits:
+            exit = exits[rank]
+            deaths[rank] = Death(rank, min(exit.at, state.heartbeat_at), exit.exitcode)
+        elif not state.alive and not stopping and not exited_cleanly(state):
+            deaths[rank] = Death(rank, state.heartbeat_at, None)
+    driver = snapshot.driver
+    if driver is not None and not driver.alive:
+        deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
+    return deaths
+
+
+def exited_cleanly(state: RankState) -> bool:
+    events = state.phases + state.open_phases
+    return bool(events) and max(events, key=lambda event: event.start).name == Phase.EXIT
+
+
+def shutdown_starts(snapshot: Snapshot) -> list[float]:
+    """When the driver began to stop its workers (a list: empty, or one time)."""
+    driver = snapshot.driver
+    if driver is None:
+        return []
+    just_before = 1e-3
+    return [event.start - just_before for event in driver.open_phases + driver.phases
+            if event.name == Phase.SHUTDOWN][:1]
+
+
+def driver_shutting_down(snapshot: Snapshot) -> bool:
+    """The driver has begun to stop its workers: a worker that is gone now went
+    because it was told to, unless the driver recorded its exit as a failure."""
+    return bool(shutdown_starts(snapshot))

@@ -1,0 +1,176 @@
+"""What the collector reads from a run dir, and what the analysis takes: plain data."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnose.core.layout import rank_name
+from diagnose.core.vocab import Mention, VerdictKind
+
+
+@dataclass
+class Identity:
+    role: str                      # a vocab.Role
+    rank: int | None
+    world_size: int | None
+    tp_rank: int | None
+    tp_size: int | None
+    pp_rank: int | None
+    pp_size: int | None
+    host: str
+    pid: int
+    device: str
+    env: dict[str, str] = field(default_factory=dict)        # CUDA_LAUNCH_BLOCKING, NCCL_* in force
+    groups: dict[str, list[int]] = field(default_factory=dict)  # group name -> member ranks
+
+    @property
+    def name(self) -> str:
+        """'rank 6 (pp 3/4, tp 0)', 'rank 3', or 'the driver'."""
+        if self.rank is None:
+            return "the driver"
+        return rank_name(self.rank, self.pp_rank, self.pp_size, self.tp_rank)
+
+
+@dataclass
+class PhaseEvent:
+    name: str                      # a vocab.Phase, or a --mark's own name
+    step: int | None
+    start: float                   # time.time()
+    end: float | None              # None while the phase is open
+
+
+@dataclass
+class CollectiveRecord:
+    group: str                     # "tp0" (TP group of stage 0), "pp", "world", ...
+    seq: int                       # per group; for send/recv per (group, op, peer)
+    op: str                        # all_reduce, all_gather, broadcast, send, recv, barrier, ...
+    peer: int | None               # send/recv: the other rank
+    shapes: list[list[int]]
+    dtype: str
+    nbytes: int
+    site: str                      # "file.py:123 function"
+    state: str                     # "enqueued" or "completed"
+    t_enqueue: float
+    t_complete: float | None       # when the host call returned
+    device: bool = False           # traced on the GPU: the two times below get filled in
+    t_device_start: float | None = None  # when the probe saw the GPU reach the call
+    t_device_done: float | None = None   # when the probe saw the GPU finish it
+
+
+@dataclass
+class KVStats:
+    step: int
+    used: int
+    free: int
+    allocated: int                 # cumulative
+    freed: int                     # cumulative
+    preempted: int                 # cumulative
+
+
+@dataclass
+class FaultRecord:
+    spec: str
+    fired_at: float | None
+
+
+@dataclass
+class WorkerExit:
+    rank: int
+    exitcode: int | None           # negative: killed by signal -exitcode
+    at: float
+
+
+@dataclass
+class RankState:
+    identity: Identity
+    started_at: float
+    heartbeat_at: float            # last heartbeat, time.time()
+    alive: bool                    # the pid still runs (checked by the collector)
+    open_phases: list[PhaseEvent]  # outermost first; the innermost is where the rank is
+    frame: str                     # main thread's current frame, "file.py:88 function"
+    phases: list[PhaseEvent]       # recent closed and open phases (ring)
+    collectives: list[CollectiveRecord]  # recent records (ring)
+    kv: KVStats | None = None
+    ring_read: int = 0             # worker: broadcast messages dequeued
+    ring_written: int = 0          # driver: broadcast messages written
+    fault: FaultRecord | None = None
+    worker_exits: list[WorkerExit] = field(default_factory=list)  # driver only
+    stacks: dict[str, list[str]] | None = None  # thread name -> frames, from a dump
+
+    @property
+    def phase(self) -> PhaseEvent | None:
+        return self.open_phases[-1] if self.open_phases else None
+
+
+@dataclass
+class NodeState:
+    """Another node of a multi-node job, as the head's collector last heard from it."""
+    node_rank: int
+    host: str
+    ranks: list[int]               # the ranks its last snapshot held
+    last_seen: float | None        # when its agent last published; None: never
+    finished: bool = False         # its command ended and its agent said goodbye
+    lost: bool = False             # its agent went silent while the job ran
+
+
+@dataclass
+class Snapshot:
+    taken_at: float
+    run_dir: str
+    ranks: dict[int, RankState]
+    driver: RankState | None = None
+    command_exit: int | None = None  # the wrapped command's exit code, once it ended
+    notes: list[str] = field(default_factory=list)  # files that could not be read, and why
+    nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
+
+
+@dataclass
+class Span:
+    """Where a verdict's summary names its culprit or the processes that wait on
+    it: renderers colour summary[start:end] without reading the words."""
+    start: int
+    end: int
+    mention: Mention
+
+
+@dataclass
+class Verdict:
+    kind: VerdictKind
+    culprit_ranks: list[int]
+    victim_ranks: list[int]
+    summary: str
+    spans: list[Span] = field(default_factory=list)
+    phase: str | None = None
+    step: int | None = None
+    group: str | None = None
+    seq: int | None = None
+    detected_after_s: float | None = None
+    evidence: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Verdict:
+        """A verdict from its dataclasses.asdict() form; TypeError or ValueError
+        on anything malformed."""
+        spans = [Span(span["start"], span["end"], Mention(span["mention"]))
+                 for span in data.get("spans", [])]
+        return cls(**(data | {"kind": VerdictKind(data["kind"]), "spans": spans}))
+
+
+def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
+    """RankStates from their dataclasses.asdict() form (a node's published snapshot);
+    ValueError on anything malformed."""
+    try:
+        return {int(rank): _rank_state(state) for rank, state in ranks.items()}
+    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        raise ValueError(f"malformed rank state: {error}") from None
+
+
+def _rank_state(data: dict) -> RankState:
+    data = dict(data)
+    data["identity"] = Identity(**data["identity"])
+    data["open_phases"] = [PhaseEvent(**event) for event in data["open_phases"]]
+    data["phases"] = [PhaseEvent(**event) for event in data["phases"]]
+    data["collectives"] = [CollectiveRecord(**record) for record in data["collectives"]]
+    data["kv"] = KVStats(**data["kv"]) if data.get("kv") else None
+    data["fault"] = FaultRecord(**data["fault"]) if data.get("fault") else None
+    data["worker_exits"] = [WorkerExit(**exit) for exit in data.get("worker_exits", [])]
+    return RankState(**data)

@@ -1,0 +1,68 @@
+"""The names that cross rooms: the phases a rank marks, the kinds of verdict, the
+roles of a process. Each is a `str` enum, so it is written to files and JSON as
+its plain value, and a value read back compares equal to its member."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Name(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+
+class Phase(Name):
+    # start-up, once per worker, in this order
+    INIT_DISTRIBUTED = "init_distributed"
+    LOAD_WEIGHTS = "load_weights"
+    INIT_KV_CACHE = "init_kv_cache"
+    WARMUP = "warmup"
+    # a worker's step loop
+    DEQUEUE = "dequeue"
+    EXECUTE_MODEL = "execute_model"
+    PP_RECV = "pp_recv"
+    FORWARD = "forward"
+    PP_SEND = "pp_send"
+    SAMPLE = "sample"
+    # the driver's step
+    SCHEDULE = "schedule"
+    UPDATE_FROM_OUTPUT = "update_from_output"
+    SHUTDOWN = "shutdown"
+    # generic mode: a process that ended normally enters it last
+    EXIT = "exit"
+
+
+STARTUP_PHASES = (Phase.INIT_DISTRIBUTED, Phase.LOAD_WEIGHTS, Phase.INIT_KV_CACHE, Phase.WARMUP)
+STEP_PHASES = (Phase.DEQUEUE, Phase.EXECUTE_MODEL, Phase.PP_RECV, Phase.FORWARD, Phase.PP_SEND,
+               Phase.SAMPLE)
+DRIVER_PHASES = (Phase.SCHEDULE, Phase.EXECUTE_MODEL, Phase.UPDATE_FROM_OUTPUT, Phase.SHUTDOWN)
+MILESTONES = STARTUP_PHASES + (Phase.EXECUTE_MODEL,)  # what a worker meets once, in order
+
+
+class VerdictKind(Name):
+    NEVER_REACHED = "never_reached"
+    STUCK_IN_PHASE = "stuck_in_phase"
+    COLLECTIVE_MISSING_PEERS = "collective_missing_peers"
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    BROADCAST_NOT_CONSUMED = "broadcast_not_consumed"
+    GPU_STUCK = "gpu_stuck"
+    DEAD = "dead"
+    NODE_LOST = "node_lost"
+    STRAGGLER = "straggler"
+
+
+# The kinds that stop a job: the launcher dumps, reports and (with --on-hang kill)
+# ends the run on these; a straggler makes progress.
+HANG_KINDS = frozenset(VerdictKind) - {VerdictKind.STRAGGLER}
+
+
+class Mention(Name):
+    """Whom a stretch of a verdict's sentence names."""
+    CULPRIT = "culprit"
+    VICTIMS = "victims"
+
+
+class Role(Name):
+    WORKER = "worker"      # a TP x PP rank of the engine
+    DRIVER = "driver"      # the engine's scheduler process, not a rank
+    PROCESS = "process"    # a rank of a program we did not write (generic mode)

@@ -1,0 +1,178 @@
+"""Reads every probe file in a run dir into a Snapshot, many times a second.
+
+A file that cannot be read is skipped with a note (Collector.notes), never an
+exception. Identities, decoded ring records and stacks dumps are cached, so a
+steady read decodes only what changed; snapshots therefore share record
+objects, which nobody may modify.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import time
+
+import psutil
+
+from diagnose.core import runfile
+from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot
+from diagnose.core.vocab import Role
+from diagnose.launch import nodes
+
+EXIT_FILE = "exit.json"  # written by diag launch when the command ends
+HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
+REMOTE_ALIVE_S = 2.0     # a rank on another host counts as alive while its heartbeat is this fresh
+SAME_PROCESS_S = 0.5     # create times closer than this are the same process, not pid reuse
+
+
+class Collector:
+    def __init__(self, run_dir: str, history: int = HISTORY):
+        self.run_dir = run_dir
+        self.history = history
+        self.notes: list[str] = []       # files skipped by the last snapshot, and why
+        self._identities: dict[tuple, Identity] = {}
+        self._stacks: dict[str, tuple[int, dict | None]] = {}
+        self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
+        self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
+        self._host = socket.gethostname()
+
+    def snapshot(self) -> Snapshot:
+        self.notes = []
+        ranks: dict[int, RankState] = {}
+        driver = None
+        for path in sorted(glob.glob(os.path.join(self.run_dir, "*.probe"))):
+            state = self._read(path)
+            if state is None:
+                continue
+            if state.identity.role == Role.DRIVER:
+                driver = state
+            elif state.identity.rank in ranks:
+                self.notes.append(f"{os.path.basename(path)}: rank {state.identity.rank} "
+                                  f"appears twice, skipped")
+            else:
+                ranks[state.identity.rank] = state
+        snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
+                            ranks=dict(sorted(ranks.items())), driver=driver,
+                            command_exit=self._command_exit())
+        reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
+        self.notes += notes
+        return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
+
+    def _command_exit(self) -> int | None:
+        """The wrapped command's exit code, once `diag launch` has seen it end."""
+        try:
+            with open(os.path.join(self.run_dir, EXIT_FILE)) as f:
+                return int(json.load(f)["command_exit"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _read(self, path: str) -> RankState | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as error:
+            self.notes.append(f"{os.path.basename(path)}: {error.strerror}")
+            return None
+        try:
+            data = runfile.read_probe(fd, self.history, self._records.setdefault(path, {}))
+            identity = self._identity(path, fd, data.header)
+        except runfile.ProbeFileError as error:
+            self.notes.append(f"{os.path.basename(path)}: {error}")
+            return None
+        finally:
+            os.close(fd)
+        return RankState(
+            identity=identity, started_at=data.header.started_at,
+            heartbeat_at=data.heartbeat_at, alive=self._alive(path, identity, data),
+            open_phases=data.open_phases, frame=data.frame, phases=data.phases,
+            collectives=data.collectives, kv=data.kv, ring_read=data.ring_read,
+            ring_written=data.ring_written,
+            fault=FaultRecord(data.fault_spec, data.fault_fired_at) if data.fault_spec else None,
+            worker_exits=data.worker_exits,
+            stacks=self._read_stacks(identity))
+
+    def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
+        key = (path, header.pid, header.create_time, header.started_at)
+        identity = self._identities.get(key)
+        if identity is None:
+            fields = runfile.read_identity(fd, header)
+            try:
+                identity = Identity(**fields)
+            except TypeError as error:
+                raise runfile.ProbeFileError(f"identity fields: {error}") from None
+            if identity.role != Role.DRIVER and not isinstance(identity.rank, int):
+                raise runfile.ProbeFileError(f"identity has no rank (role {identity.role!r})")
+            self._identities[key] = identity
+        return identity
+
+    def _alive(self, path: str, identity: Identity, data: runfile.ProbeData) -> bool:
+        """A heartbeat that moved since the last snapshot proves the process
+        lived a moment ago; only a still heartbeat costs a look at the process."""
+        beat = (data.header.pid, data.header.create_time, data.heartbeat_count)
+        last = self._beats.get(path)
+        self._beats[path] = beat
+        if last is not None and last[:2] == beat[:2] and last[2] < beat[2]:
+            return True
+        if identity.host != self._host:
+            return time.time() - data.heartbeat_at < REMOTE_ALIVE_S
+        return pid_alive(data.header.pid, data.header.create_time)
+
+    def _read_stacks(self, identity: Identity) -> dict | None:
+        """The rank's last stacks dump, if this process (its pid) wrote it."""
+        path = os.path.join(self.run_dir, runfile.stacks_file_name(identity.rank))
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+        cached = self._stacks.get(path)
+        if cached is None or cached[0] != mtime:
+            cached = self._stacks[path] = (mtime, read_stacks_file(path, identity.pid))
+        return cached[1]
+
+
+def pid_alive(pid: int, create_time: float) -> bool:
+    """The process runs, is not a zombie, and is the one that wrote the file."""
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            return (process.status() != psutil.STATUS_ZOMBIE
+                    and abs(process.create_time() - create_time) < SAME_PROCESS_S)
+    except psutil.Error:
+        return False
+
+
+def read_stacks_file(path: str, pid: int) -> dict[str, list[str]] | None:
+    """{thread: frames} from a probe's dump; None if missing, unreadable or another pid's."""
+    try:
+        with open(path) as source:
+            dump = json.load(source)
+        threads = dump["threads"] if dump.get("pid") == pid else None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+    return threads if isinstance(threads, dict) else None
+
+
+def request_dump(run_dir: str, wait_s: float = 2.0) -> list[str]:
+    """Asks every live rank for a stacks dump and waits for the answers.
+
+    Returns one note per rank that did not answer (dead, unreadable, or its
+    heartbeat thread could not run in time); their stacks need py-spy.
+    """
+    missing, waiting = [], {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.probe"))):
+        name = os.path.basename(path)
+        try:
+            header = runfile.header_of(path)
+            if not pid_alive(header.pid, header.create_time):
+                missing.append(f"{name}: process {header.pid} is not running")
+                continue
+            waiting[path] = runfile.request_dump(path)
+        except (OSError, runfile.ProbeFileError) as error:
+            missing.append(f"{name}: {error}")
+    deadline = time.monotonic() + wait_s
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+        waiting = {path: request for path, request in waiting.items()
+                   if runfile.dump_done(path) < request}
+    missing += [f"{os.path.basename(path)}: no dump within {wait_s:g}s" for path in waiting]
+    return missing

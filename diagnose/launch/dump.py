@@ -1,0 +1,71 @@
+"""Stacks of every rank of a run, now: the probes' own dumps (every thread's
+Python stack, written by each rank's heartbeat thread) and py-spy from outside."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rich.console import Console
+from rich.tree import Tree
+
+from diagnose.core.snapshot import Snapshot
+from diagnose.launch.collector import Collector, request_dump
+from diagnose.launch.py_spy import py_spy_dump
+
+
+def py_spy_all(snapshot: Snapshot, native: bool = False) -> tuple[dict, list[str]]:
+    """py-spy every live rank of this host at once: one slow rank must not delay
+    the rest. Ranks on other nodes have only their probe's stacks."""
+    states = {str(rank): state for rank, state in snapshot.ranks.items()}
+    if snapshot.driver is not None:
+        states["driver"] = snapshot.driver
+    here = socket.gethostname()
+    live = {name: s.identity.pid for name, s in states.items()
+            if s.alive and s.identity.host == here}
+    with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
+        dumps = dict(zip(live, pool.map(lambda pid: py_spy_dump(pid, native), live.values())))
+    notes = [f"{name}: {d.note}" for name, d in dumps.items() if d.note]
+    return {name: d.threads for name, d in dumps.items() if not d.note}, notes
+
+
+def dump_run(run_dir: str, native: bool = False) -> dict:
+    """Ask every rank for its stacks, add py-spy's, write dump-<time>.json."""
+    notes = request_dump(run_dir)
+    collector = Collector(run_dir)
+    snapshot = collector.snapshot()
+    external, spy_notes = py_spy_all(snapshot, native)
+    body = {
+        "taken_at": snapshot.taken_at,
+        "stacks": {str(rank): s.stacks for rank, s in snapshot.ranks.items() if s.stacks},
+        "py_spy": external,
+        "notes": collector.notes + notes + spy_notes,
+    }
+    if snapshot.driver is not None and snapshot.driver.stacks:
+        body["stacks"]["driver"] = snapshot.driver.stacks
+    path = os.path.join(run_dir, f"dump-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump(body, f, indent=1)
+    body["path"] = path
+    return body
+
+
+def render_dump(body: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    for name, threads in sorted(body["stacks"].items()):
+        tree = Tree(f"[bold]{_title(name)}[/] (probe)")
+        for thread, frames in threads.items():
+            branch = tree.add(thread)
+            for frame in frames:
+                branch.add(frame)
+        console.print(tree)
+    for name in sorted(body["py_spy"]):
+        console.print(f"{_title(name)}: py-spy stacks in {body['path']}")
+    for note in body["notes"]:
+        console.print(f"[dim]note: {note}[/]")
+
+
+def _title(name: str) -> str:
+    return name if name == "driver" else f"rank {name}"

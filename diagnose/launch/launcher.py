@@ -1,0 +1,281 @@
+"""diag launch: run a command with the probe on in every rank, watch it, report.
+
+The command runs in a session of its own, with DIAG_RUN_DIR (and the per-rank
+toggles) in its environment, so every process it spawns publishes its state.
+The launcher polls the run dir, runs the analysis, and on a hang dumps every
+rank's stacks and writes the report. It exits with the command's own code
+when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from diagnose import probe
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.vocab import HANG_KINDS
+from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
+from diagnose.launch.dump import py_spy_all
+from diagnose.launch.roles import role_of
+from diagnose.offline import report
+from diagnose.probe import faults, marks, rank_env
+
+EXIT_HUNG = 86          # the launcher ended the run because it hung
+EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI)
+POLL_S = 0.25
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 10.0
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
+                             "bootstrap")
+
+
+@dataclass
+class LaunchOptions:
+    command: list[str]
+    run_dir: str
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    on_hang: str = "report"             # report (and keep running), kill, wait
+    launch_blocking: str | None = None  # "all" or "0,3"
+    nccl_debug: str | None = None
+    faults: list[faults.FaultSpec] = field(default_factory=list)
+    json_report: str | None = None
+    marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
+    echo_output: bool = True            # copy the command's output to our stderr
+    nnodes: int = 1                     # multi-node: the head listens, the others report to it
+    node_rank: int = 0
+    listen: str | None = None           # the head: HOST:PORT its agents report to
+    head: str | None = None             # an agent: the head's HOST:PORT
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    verdicts: list[Verdict]
+    report_path: str
+
+
+def command_env(opts: LaunchOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env[probe.RUN_DIR_VAR] = os.path.abspath(opts.run_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [BOOTSTRAP_DIR, env.get("PYTHONPATH")]))
+    if opts.marks:
+        env[marks.MARKS_VAR] = ";".join(opts.marks)
+    if opts.faults:
+        env[faults.ENV_VAR] = ";".join(map(str, opts.faults))
+    if opts.launch_blocking:
+        env[rank_env.LAUNCH_BLOCKING_VAR] = opts.launch_blocking
+    if opts.nccl_debug:
+        env[rank_env.NCCL_DEBUG_VAR] = opts.nccl_debug
+    return env
+
+
+class Launcher:
+    def __init__(self, opts: LaunchOptions):
+        self.opts = opts
+        self.thresholds = opts.thresholds
+        os.makedirs(opts.run_dir, exist_ok=True)
+        clear_run_files(opts.run_dir)  # a reused run dir must not show the last run's ranks
+        self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
+        self.collector = Collector(opts.run_dir)
+        self.proc: subprocess.Popen | None = None
+        self.reported: set[tuple] = set()
+        self.snapshot: Snapshot | None = None
+        self.verdicts: list[Verdict] = []
+        chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
+        self.blocking: set[int] = set(chosen or ())
+        self._stop, self._restart = threading.Event(), threading.Event()
+        self.stop_code = EXIT_STOPPED
+
+    # -- the command ------------------------------------------------------
+    def start(self) -> None:
+        log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
+        self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_end_with_launcher)
+        threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
+        self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
+                                         "started_at": time.time(), **_options_json(self.opts)})
+
+    def _copy_output(self, log) -> None:
+        with log:
+            for line in iter(self.proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+                if self.opts.echo_output:
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.flush()
+
+    def stop(self) -> None:
+        """End the command and every process it started, gracefully first."""
+        if self.proc is None:
+            return
+        group = self._process_group()
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        _, alive = psutil.wait_procs(group, timeout=STOP_GRACE_S)
+        for leftover in alive:
+            leftover.kill()
+
+    def _process_group(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    # -- watching ---------------------------------------------------------
+    def poll(self) -> list[Verdict]:
+        snapshot = self.collector.snapshot()
+        snapshot.command_exit = self.proc.poll()
+        self.snapshot = snapshot
+        self.role.after_poll(self)
+        return self.verdicts
+
+    def new_hangs(self) -> list[Verdict]:
+        fresh = [v for v in self.verdicts if v.kind in HANG_KINDS
+                 and (v.kind, tuple(v.culprit_ranks)) not in self.reported]
+        self.reported.update((v.kind, tuple(v.culprit_ranks)) for v in fresh)
+        return fresh
+
+    def run(self, on_update=lambda launcher: None) -> Outcome:
+        """Start the command and watch it until it ends, a hang ends it, or stop()."""
+        self.start()
+        try:
+            while self.proc.poll() is None:
+                if self._restart.is_set():
+                    self._restart_command()
+                if self._stop.is_set():
+                    return self._end(self.stop_code, stopped=True)
+                self.poll()
+                on_update(self)
+                if self.new_hangs() and self.opts.on_hang != "wait" and self.role.judges:
+                    self.write_report(dump=True)
+                    if self.opts.on_hang == "kill":
+                        return self._end(EXIT_HUNG, stopped=True)
+                time.sleep(POLL_S)
+            self.poll()
+            on_update(self)
+            self.write_report(dump=False)
+            return self._end(self.proc.returncode, stopped=False)
+        finally:
+            self.stop()
+            self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
+
+    def _end(self, exit_code: int, stopped: bool) -> Outcome:
+        self.role.end(exit_code, stopped)
+        self.stop()
+        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode})
+        return Outcome(exit_code, self.verdicts, self.report_path)
+
+    # -- the TUI's controller -------------------------------------------
+    def request_stop(self, exit_code: int = EXIT_STOPPED) -> None:
+        self.stop_code = exit_code
+        self._stop.set()
+
+    def toggle_launch_blocking(self, rank: int) -> bool:
+        """CUDA_LAUNCH_BLOCKING for `rank` on the next restart; returns its new setting."""
+        self.blocking ^= {rank}
+        self.opts.launch_blocking = ",".join(map(str, sorted(self.blocking))) or None
+        return rank in self.blocking
+
+    def restart(self) -> None:
+        self._restart.set()
+
+    def _restart_command(self) -> None:
+        self._restart.clear()
+        self.stop()
+        clear_run_files(self.opts.run_dir)
+        self.collector = Collector(self.opts.run_dir)
+        self.reported.clear()
+        self.start()
+
+    # -- dumps and the report -------------------------------------------
+    @property
+    def report_path(self) -> str:
+        return os.path.join(self.opts.run_dir, "report.json")
+
+    def write_report(self, dump: bool) -> dict:
+        """The verdicts of the last poll, with every rank's stacks when dump is set."""
+        notes = list(self.collector.notes)
+        body = report.to_json(self.snapshot, self.verdicts)
+        body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
+        if dump:
+            notes += request_dump(self.opts.run_dir)
+            notes += self.role.dump_other_nodes()
+            dumped = self.collector.snapshot()  # holds the stacks files the ranks just wrote
+            body["stacks"] = self._stacks(dumped)
+            body["py_spy"], spy_notes = py_spy_all(dumped)
+            notes += spy_notes
+        body["notes"] = notes
+        body["command_exit"] = self.snapshot.command_exit
+        self._write_json("report.json", body)
+        if self.opts.json_report:
+            with open(self.opts.json_report, "w") as f:
+                json.dump(body, f, indent=1, default=str)
+        return body
+
+    def add_to_report(self, key: str, value) -> None:
+        """One more section in the report already written."""
+        with open(self.report_path) as f:
+            body = json.load(f)
+        body[key] = value
+        self._write_json("report.json", body)
+        if self.opts.json_report:
+            with open(self.opts.json_report, "w") as f:
+                json.dump(body, f, indent=1, default=str)
+
+    @staticmethod
+    def _stacks(snapshot: Snapshot) -> dict:
+        return {str(rank): state.stacks for rank, state in snapshot.ranks.items() if state.stacks}
+
+    def _write_json(self, name: str, body: dict) -> None:
+        with open(os.path.join(self.opts.run_dir, name), "w") as f:
+            json.dump(body, f, indent=1, default=str)
+
+
+def clear_run_files(run_dir: str) -> None:
+    """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
+    for name in os.listdir(run_dir):
+        if (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
+                or name in (EXIT_FILE, "report.json")):
+            os.remove(os.path.join(run_dir, name))
+
+
+def default_run_dir() -> str:
+    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _end_with_launcher() -> None:
+    """In the child before exec: SIGTERM it if the launcher dies, however it dies
+    (Linux); the engine then shuts its workers down."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _options_json(opts: LaunchOptions) -> dict:
+    return {k: v for k, v in asdict(opts).items() if k != "command"} | {
+        "faults": [str(spec) for spec in opts.faults]}

@@ -1,0 +1,356 @@
+"""Multi-node jobs: one `diag launch` per node, all reporting to the head's.
+
+The head (`--listen HOST:PORT`) listens on that address only. Every other
+node's launcher is an agent (`--head HOST:PORT --node-rank N`): it connects,
+proves it knows the shared token (DIAG_NODE_TOKEN), and after each poll sends
+the ranks its own run dir shows. The head keeps each node's last report in its
+run dir (node-N.json), so its collector merges every node's ranks, live and
+post mortem alike. The head answers each report with its verdicts and, when
+it wants them, a stacks dump or a stop.
+
+A node whose agent dropped the connection without saying goodbye, or went
+silent, is lost: the analysis names the node (`node_lost`) instead of judging
+its ranks by a state that is no longer news.
+
+Messages are JSON behind a 4-byte length.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
+
+TOKEN_VAR = "DIAG_NODE_TOKEN"
+LOST_AFTER_S = 3.0          # an agent silent this long is lost
+JOIN_GRACE_S = 30.0         # an expected node that never reported is lost after this
+REPLY_TIMEOUT_S = 5.0
+MAX_MESSAGE = 256 << 20
+LENGTH = struct.Struct("!I")
+
+
+class NodeError(Exception):
+    """A bad address or token, or a head that refused this agent."""
+
+
+def parse_address(text: str, flag: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise NodeError(f"{flag} must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+def token_from_env() -> str:
+    token = os.environ.get(TOKEN_VAR, "")
+    if len(token) < 8:
+        raise NodeError(f"a multi-node launch needs the shared token in {TOKEN_VAR} "
+                        f"(8 characters or more), the same on every node")
+    return token
+
+
+def node_file(run_dir: str, node_rank: int) -> str:
+    return os.path.join(run_dir, f"node-{node_rank}.json")
+
+
+# -- framing -------------------------------------------------------------------
+
+def send_message(sock: socket.socket, body: dict) -> None:
+    data = json.dumps(body, default=str).encode()
+    sock.sendall(LENGTH.pack(len(data)) + data)
+
+
+def recv_message(sock: socket.socket) -> dict:
+    (size,) = LENGTH.unpack(_recv_exactly(sock, LENGTH.size))
+    if size > MAX_MESSAGE:
+        raise ConnectionError(f"message of {size} bytes")
+    try:
+        body = json.loads(_recv_exactly(sock, size))
+    except ValueError:
+        raise ConnectionError("message is not JSON") from None
+    if not isinstance(body, dict):
+        raise ConnectionError("message is not a JSON object")
+    return body
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- the head ------------------------------------------------------------------
+
+@dataclass
+class NodeReport:
+    """What the head last heard from one node; node-N.json holds it."""
+    node_rank: int
+    host: str = ""
+    expected_since: float = field(default_factory=time.time)
+    received_at: float | None = None
+    connected: bool = False
+    finished: bool = False         # said goodbye after its command ended
+    dropped: bool = False          # the connection ended without a goodbye
+    command_exit: int | None = None
+    dump_done: int = 0
+    ranks: dict = field(default_factory=dict)  # rank -> RankState as dataclasses.asdict
+
+
+class NodeHub:
+    """The head's listener: one thread per agent, each report kept in the run dir."""
+
+    def __init__(self, listen: str, token: str, run_dir: str, nnodes: int):
+        self.address = parse_address(listen, "--listen")
+        self.token, self.run_dir = token, run_dir
+        self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
+        self.verdicts: list[dict] = []   # the head's latest, sent back to every agent
+        self.dump_wanted = 0
+        self.stop_code: int | None = None  # agents end their commands with this code
+        self.lock = threading.Lock()
+        self.server = _listen(self.address)
+        for report in self.reports.values():
+            self._save(report)
+        threading.Thread(target=self._accept, daemon=True, name="diag-node-hub").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:            # closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        report = None
+        with conn:
+            try:
+                conn.settimeout(REPLY_TIMEOUT_S)
+                report = self._welcome(conn, recv_message(conn))
+                conn.settimeout(None)
+                while report is not None:
+                    report = self._take(conn, report, recv_message(conn))
+            except (OSError, ConnectionError, TypeError, ValueError):
+                pass
+        if report is not None:
+            self._update(report, connected=False, dropped=not report.finished)
+
+    def _welcome(self, conn: socket.socket, hello: dict) -> NodeReport | None:
+        node_rank = hello.get("node_rank")
+        if not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
+            send_message(conn, {"error": "the head refused the token"})
+            return None
+        if node_rank not in self.reports:
+            send_message(conn, {"error": f"the head expects node ranks 1-{len(self.reports)}, "
+                                         f"not {node_rank!r}"})
+            return None
+        send_message(conn, {"ok": True})
+        report = self.reports[node_rank]
+        self._update(report, host=str(hello.get("host", "")), connected=True, dropped=False,
+                     finished=False)
+        return report
+
+    def _take(self, conn, report: NodeReport, body: dict) -> NodeReport | None:
+        ranks = body.get("ranks")
+        if not isinstance(ranks, dict):
+            raise ValueError("report without ranks")
+        self._update(report, ranks=ranks, received_at=time.time(),
+                     command_exit=body.get("command_exit"), dump_done=int(body.get("dump_done", 0)),
+                     finished=bool(body.get("finished")))
+        with self.lock:
+            send_message(conn, {"verdicts": self.verdicts, "dump": self.dump_wanted,
+                                "stop": self.stop_code})
+        return None if report.finished else report
+
+    def _update(self, report: NodeReport, **changes) -> None:
+        with self.lock:
+            for name, value in changes.items():
+                setattr(report, name, value)
+            self._save(report)
+
+    def _save(self, report: NodeReport) -> None:
+        path = node_file(self.run_dir, report.node_rank)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(report), f, default=str)
+        os.replace(path + ".tmp", path)
+
+    # -- what the head's launcher asks of it --------------------------------
+
+    def share_verdicts(self, verdicts: list) -> None:
+        with self.lock:
+            self.verdicts = [asdict(verdict) for verdict in verdicts]
+
+    def request_dump(self, wait_s: float) -> list[str]:
+        """Every connected agent dumps its ranks' stacks; notes for those that did not."""
+        with self.lock:
+            self.dump_wanted += 1
+            wanted = self.dump_wanted
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self._waiting_for_dump(wanted):
+            time.sleep(0.05)
+        return [f"node {n}: no stacks dump within {wait_s:g}s"
+                for n in self._waiting_for_dump(wanted)]
+
+    def _waiting_for_dump(self, wanted: int) -> list[int]:
+        with self.lock:
+            return [n for n, r in self.reports.items() if r.connected and r.dump_done < wanted]
+
+    def stop_agents(self, exit_code: int, wait_s: float) -> bool:
+        """Tell every agent to end its command and exit with exit_code."""
+        with self.lock:
+            self.stop_code = exit_code
+        return self.wait_for_agents(wait_s)
+
+    def wait_for_agents(self, wait_s: float) -> bool:
+        """True once every agent said goodbye, dropped, or went silent."""
+        deadline = time.monotonic() + wait_s
+        while any(self._listening(report) for report in self.reports.values()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    @staticmethod
+    def _listening(report: NodeReport) -> bool:
+        return report.connected and (report.received_at is None
+                                     or time.time() - report.received_at < LOST_AFTER_S)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    try:
+        server = socket.create_server(address, reuse_port=False)
+    except OSError as error:
+        raise NodeError(f"--listen {address[0]}:{address[1]}: {error.strerror}") from None
+    return server
+
+
+# -- merging, on the head's collector ----------------------------------------
+
+def read_reports(run_dir: str) -> tuple[list[NodeReport], list[str]]:
+    """The node-N.json files of a head's run dir; notes for unreadable ones."""
+    reports, notes = [], []
+    for name in sorted(os.listdir(run_dir)):
+        if not (name.startswith("node-") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(run_dir, name)) as f:
+                reports.append(NodeReport(**json.load(f)))
+        except (OSError, ValueError, TypeError) as error:
+            notes.append(f"{name}: {error}")
+    return reports, notes
+
+
+def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str]) -> Snapshot:
+    """The head's snapshot with every other node's ranks and a NodeState for each;
+    what could not be merged goes into notes."""
+    reference = _reference_time(snapshot)
+    for report in reports:
+        try:
+            ranks = ranks_from_dicts(report.ranks)
+        except ValueError as error:
+            notes.append(f"node {report.node_rank}: {error}")
+            ranks = {}
+        for rank, state in ranks.items():
+            if rank in snapshot.ranks:
+                notes.append(f"node {report.node_rank}: rank {rank} is also on another node, "
+                             f"skipped")
+            else:
+                snapshot.ranks[rank] = state
+        snapshot.nodes.append(NodeState(
+            node_rank=report.node_rank, host=report.host, ranks=sorted(ranks),
+            last_seen=report.received_at, finished=report.finished,
+            lost=_is_lost(report, reference)))
+    snapshot.ranks = dict(sorted(snapshot.ranks.items()))
+    snapshot.taken_at = _known_until(snapshot)
+    return snapshot
+
+
+def _known_until(snapshot: Snapshot) -> float:
+    """The job is judged as of the oldest report of a node still reporting: past it,
+    a late node's ranks would seem to stall while only their news is missing."""
+    reports = [node.last_seen for node in snapshot.nodes
+               if node.last_seen is not None and not (node.lost or node.finished)]
+    return min([snapshot.taken_at] + reports)
+
+
+def _reference_time(snapshot: Snapshot) -> float:
+    """Now, while the head's own ranks still beat; else when they last did (post mortem)."""
+    beats = [state.heartbeat_at for state in snapshot.ranks.values()]
+    if snapshot.driver:
+        beats.append(snapshot.driver.heartbeat_at)
+    return min(snapshot.taken_at, max(beats)) if beats else snapshot.taken_at
+
+
+def _is_lost(report: NodeReport, reference: float) -> bool:
+    if report.finished:
+        return False
+    if report.dropped:
+        return True
+    if report.received_at is None:
+        return reference - report.expected_since > JOIN_GRACE_S
+    return reference - report.received_at > LOST_AFTER_S
+
+
+# -- an agent ------------------------------------------------------------------
+
+@dataclass
+class HeadReply:
+    verdicts: list[dict]
+    dump: int
+    stop: int | None              # end the command and exit with this code
+
+
+class NodeAgent:
+    """A node's launcher's line to the head; reconnects after a failure."""
+
+    def __init__(self, head: str, token: str, node_rank: int):
+        self.address = parse_address(head, "--head")
+        self.token, self.node_rank = token, node_rank
+        self.sock: socket.socket | None = None
+        self.note = "not connected yet"
+
+    def publish(self, ranks: dict[int, RankState], command_exit: int | None, dump_done: int,
+                finished: bool = False) -> HeadReply | None:
+        """Send this node's ranks; the head's answer, or None if it cannot be reached."""
+        body = {"ranks": {str(rank): asdict(state) for rank, state in ranks.items()},
+                "command_exit": command_exit, "dump_done": dump_done, "finished": finished}
+        try:
+            sock = self.sock or self._connect()
+            send_message(sock, body)
+            reply = recv_message(sock)
+        except (OSError, ConnectionError) as error:
+            self.note = f"head {self.address[0]}:{self.address[1]} unreachable: {error}"
+            self.close()
+            return None
+        self.note = f"reporting to head {self.address[0]}:{self.address[1]}"
+        stop = reply.get("stop")
+        return HeadReply(reply.get("verdicts", []), int(reply.get("dump", 0)),
+                         stop if isinstance(stop, int) else None)
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=REPLY_TIMEOUT_S)
+        send_message(sock, {"token": self.token, "node_rank": self.node_rank,
+                            "host": socket.gethostname()})
+        answer = recv_message(sock)
+        if "error" in answer:
+            sock.close()
+            raise NodeError(f"node {self.node_rank}: {answer['error']}")
+        self.sock = sock
+        return sock
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None

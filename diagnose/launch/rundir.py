@@ -1,0 +1,126 @@
+"""Opening what `diag analyze`, `diag dump` and `diag tui` are pointed at: a run
+dir (the probes' files, read live by the collector) or a directory of PyTorch
+Flight Recorder dumps (read once). The sources here are what the TUI shows: a
+snapshot, its verdicts, and the two actions it may take on the ranks (a stacks
+dump, py-spy)."""
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+from diagnose.analysis import analyze
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.launch.collector import Collector, request_dump
+from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
+from diagnose.offline.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
+
+
+class RunDirError(Exception):
+    """The path is missing, unreadable, or holds neither probe files nor dumps."""
+
+
+class Source:
+    """What the TUI and `diag analyze` read; subclasses say where it comes from."""
+    post_mortem = False      # every wait counts as a hang (dumps of a job already stuck)
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def request_dump(self) -> list[str]:
+        """Every live rank writes its stacks; one note per rank that did not."""
+        return request_dump(self.run_dir)
+
+    @staticmethod
+    def py_spy(pid: int, native: bool) -> ExternalStacks:
+        return py_spy_dump(pid, native=native)
+
+
+class RunDirSource(Source):
+    """A run dir, read by the collector each time it is asked: live or finished."""
+
+    def __init__(self, run_dir: str):
+        super().__init__(run_dir)
+        self.collector = Collector(run_dir)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.collector.notes
+
+    def snapshot(self) -> Snapshot:
+        return self.collector.snapshot()
+
+    def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
+        return analyze(snapshot, thresholds)
+
+
+class DumpSource(Source):
+    """Flight Recorder dumps: written once a job is already stuck, so every wait
+    in them counts as a hang unless a stall limit says otherwise."""
+    post_mortem = True
+
+    def __init__(self, path: str, snapshot: Snapshot, notes: list[str]):
+        super().__init__(path)
+        self._snapshot, self._notes = snapshot, notes
+
+    @property
+    def notes(self) -> list[str]:
+        return self._notes
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
+        return analyze(snapshot, thresholds or Thresholds(stall_s=0.0))
+
+    def request_dump(self) -> list[str]:
+        return ["Flight Recorder dumps hold no live ranks to dump"]
+
+
+def open_run(path: str) -> RunDirSource | DumpSource:
+    """The source for `path`, once it has shown something readable."""
+    if not os.path.exists(path):
+        raise RunDirError(f"no run dir at {path}: no such file or directory")
+    if not os.path.isdir(path):
+        raise RunDirError(f"{path} is not a run dir: not a directory (give a run dir or a "
+                          f"directory of Flight Recorder dumps)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise RunDirError(f"cannot read the run dir {path}: permission denied")
+    if glob.glob(os.path.join(path, "*.probe")):
+        return _probe_source(path)
+    if looks_like_fr_dir(path):
+        try:
+            run = read_fr_dir(path)
+        except FlightRecorderError as error:
+            raise RunDirError(str(error)) from None
+        return DumpSource(path, run.snapshot, run.notes)
+    raise RunDirError(f"no readable probe file in {path}: neither a run dir (no *.probe files) "
+                      f"nor a directory of Flight Recorder dumps, or no rank has started yet")
+
+
+def _probe_source(path: str) -> RunDirSource:
+    source = RunDirSource(path)
+    first = source.snapshot()
+    if not first.ranks and first.driver is None:
+        raise RunDirError(f"cannot read any probe file in {path}: no readable probe file "
+                          f"({'; '.join(source.notes)})")
+    return source
+
+
+class LauncherSource(Source):
+    """What a running `diag launch` last collected and concluded."""
+
+    def __init__(self, launcher):
+        super().__init__(launcher.opts.run_dir)
+        self.launcher = launcher
+
+    @property
+    def notes(self) -> list[str]:
+        return self.launcher.collector.notes
+
+    def snapshot(self) -> Snapshot:
+        return self.launcher.snapshot or Snapshot(time.time(), self.run_dir, {})
+
+    def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
+        return self.launcher.verdicts

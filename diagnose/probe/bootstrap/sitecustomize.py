@@ -1,0 +1,32 @@
+"""Started in every Python process of a `diag launch` run: `diag launch` puts
+this directory first on PYTHONPATH. Without DIAG_RUN_DIR it only runs the
+sitecustomize it hides, if there is one; with it, it arms the probe's
+torch.distributed tracing and the --mark functions (both wait for their
+module's import, so a process that never imports them pays a dict lookup per
+import)."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _run_hidden_sitecustomize():
+    here = os.path.dirname(os.path.abspath(__file__))
+    others = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _arm_probe():
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    if repo not in sys.path:
+        sys.path.append(repo)  # last: the program's own modules win over ours
+    from diagnose.probe import marks, torch_dist
+    torch_dist.install()
+    marks.install()
+
+
+_run_hidden_sitecustomize()
+if os.environ.get("DIAG_RUN_DIR"):
+    _arm_probe()
