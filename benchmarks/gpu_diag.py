@@ -517,7 +517,8 @@ def multinode_case(out_dir: str, clock: Clock) -> dict:
     each under its own diag launch; the fault is given to node 1's launch only."""
     master, listen = 29700, 29710   # the rendezvous takes master and master + 1
     report_path = os.path.join(out_dir, "multinode_pp2.report.json")
-    env = dict(os.environ, DIAG_NODE_TOKEN="gpu-diag-multinode")
+    env = dict(os.environ, DIAG_NODE_TOKEN="gpu-diag-multinode",
+               ENGINE_NODE_TOKEN="gpu-diag-engine-link")
     procs = []
     for node in (0, 1):
         flags = (["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",

@@ -87,11 +87,11 @@ class Executor:
     def _collect(self, timeout: float) -> None:
         """Wait up to timeout for anything from any worker: keep replies, raise on a death."""
         with self._noting_death():
-            links = [node.sock for node in self.nodes]
+            links = [node.link for node in self.nodes]
             ready = wait(links + self.local.waitables(), timeout=timeout)
             # The links first: a remote death can make local workers fail after it.
             for node in self.nodes:
-                if node.sock in ready:
+                if node.link in ready:
                     rank, reply = node.receive()
                     self.replies[rank].append(reply)
             for rank, reply in self.local.take_replies():

@@ -54,6 +54,9 @@ class LLMEngine:
         """Queue a request; raises ValueError with a one-line message for bad input."""
         params.validate()
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        vocab_size = self.model_config.vocab_size
+        if not isinstance(prompt, str) and not all(0 <= t < vocab_size for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         if not token_ids:
             raise ValueError("the prompt is empty")
         if len(token_ids) >= self.max_model_len:

@@ -5,9 +5,15 @@ The head runs the scheduler and its own ranks; node n > 0 runs ranks
 rendezvous at tcp://MASTER_ADDR:MASTER_PORT; the relays connect to the head at
 MASTER_ADDR:MASTER_PORT+1.
 
-Messages are length-prefixed pickles. A peer is trusted as much as
-torch.distributed's own store trusts it: anyone who can reach the port can
-run code in the engine, so keep the address on a private network.
+Every node must hold the same secret in ENGINE_NODE_TOKEN. Before a single
+object crosses a link, each end proves that it knows the token with the HMAC
+challenge-response of multiprocessing.connection (what its Listener and Client
+do with an authkey). Until then the head reads messages of at most 256 bytes,
+unpickles nothing, and gives the whole handshake HANDSHAKE_TIMEOUT_S: anything
+else that connects (a port scan, an HTTP request, a slow peer, a wrong token)
+is dropped with one line on the head's stderr, and the head waits on for its
+nodes. Past the handshake a peer is trusted: messages are length-prefixed
+pickles of at most MAX_MESSAGE_BYTES, each read within MESSAGE_TIMEOUT_S.
 
     node -> head   ("join", node_rank, fingerprint)
     head -> node   ("ok", config, device, dtype)  or  ("error", message)
@@ -18,47 +24,98 @@ run code in the engine, so keep the address on a private network.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import struct
 import sys
 import time
-from multiprocessing.connection import wait
+from contextlib import closing
+from multiprocessing.connection import AuthenticationError, answer_challenge, deliver_challenge, wait
 
 import torch
 
 from engine.config import EngineConfig
 from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
 
-_LENGTH = struct.Struct("!Q")
+TOKEN_VAR = "ENGINE_NODE_TOKEN"
+MIN_TOKEN_CHARS = 8
+HANDSHAKE_TIMEOUT_S = 5.0
+MESSAGE_TIMEOUT_S = 30.0           # from the moment a message is read
+MAX_MESSAGE_BYTES = 256 << 20
 RETRY_CONNECT_S = 0.2
+_LENGTH = struct.Struct("!I")
 
 
 class NodeError(RuntimeError):
     """The nodes of a multi-node run could not form one job."""
 
 
-# -- framing -----------------------------------------------------------------
-
-def send_message(sock: socket.socket, message: tuple) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_LENGTH.pack(len(payload)) + payload)
-
-
-def recv_message(sock: socket.socket) -> tuple:
-    """The next message; EOFError when the peer closed the connection."""
-    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-    return pickle.loads(_recv_exactly(sock, length))
+def node_token() -> bytes:
+    token = os.environ.get(TOKEN_VAR, "")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise NodeError(f"a multi-node run needs the shared token in {TOKEN_VAR} "
+                        f"({MIN_TOKEN_CHARS} characters or more), the same on every node")
+    return token.encode()
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the connection closed")
-        data += chunk
-    return bytes(data)
+# -- the link ------------------------------------------------------------------
+
+class Link:
+    """One end of a node link: length-prefixed messages over TCP, every read bounded
+    in size and in time. While `deadline` is set (the handshake) every send and read
+    must end by then; after it, a read must end within MESSAGE_TIMEOUT_S.
+
+    send_bytes / recv_bytes(maxlength) are what multiprocessing.connection's
+    challenge-response needs of a connection; send / recv carry pickles, and only
+    run once the handshake has authenticated the peer."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.deadline: float | None = deadline
+
+    def fileno(self) -> int:
+        """For multiprocessing.connection.wait."""
+        return self.sock.fileno()
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.settimeout(None if self.deadline is None else self._left(self.deadline))
+        self.sock.sendall(_LENGTH.pack(len(data)) + data)
+
+    def recv_bytes(self, maxlength: int) -> bytes:
+        """The next message; EOFError when the peer closed the link, TimeoutError when
+        it was too slow, OSError when the message is longer than maxlength."""
+        deadline = time.monotonic() + MESSAGE_TIMEOUT_S if self.deadline is None else self.deadline
+        (length,) = _LENGTH.unpack(self._read(_LENGTH.size, deadline))
+        if length > maxlength:
+            raise OSError(f"a message of {length} bytes, over the {maxlength} allowed")
+        return self._read(length, deadline)
+
+    def send(self, message: tuple) -> None:
+        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def recv(self) -> tuple:
+        return pickle.loads(self.recv_bytes(MAX_MESSAGE_BYTES))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            self.sock.settimeout(self._left(deadline))
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise EOFError("the connection closed")
+            data += chunk
+        return bytes(data)
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
 
 
 def fingerprint(config: EngineConfig) -> str:
@@ -88,21 +145,21 @@ def describe_node(config: EngineConfig, node_rank: int) -> str:
 class RemoteNode:
     """The head's end of one headless node's link."""
 
-    def __init__(self, name: str, sock: socket.socket):
+    def __init__(self, name: str, link: Link):
         self.name = name
-        self.sock = sock
+        self.link = link
 
     def send(self, message: tuple) -> None:
         try:
-            send_message(self.sock, ("rpc", message))
+            self.link.send(("rpc", message))
         except OSError:
-            pass  # a lost node is reported when its socket is read
+            pass  # a lost node is reported when its link is read
 
     def receive(self) -> tuple[int, object]:
         """The next (rank, reply); raises WorkerDiedError if a worker of the node died
         or the node is gone."""
         try:
-            kind, *body = recv_message(self.sock)
+            kind, *body = self.link.recv()
         except (EOFError, OSError) as error:
             raise WorkerDiedError(f"{self.name} lost: {error}") from None
         if kind == "died":
@@ -113,41 +170,43 @@ class RemoteNode:
 
     def close(self, grace_s: float) -> None:
         try:
-            send_message(self.sock, ("shutdown", grace_s))
+            self.link.send(("shutdown", grace_s))
         except OSError:
             pass  # already gone
-        self.sock.close()
+        self.link.close()
 
 
 def accept_nodes(config: EngineConfig, device: str, dtype: torch.dtype) -> list[RemoteNode]:
     """Wait for every headless node to join; RemoteNodes in node order. The nodes'
     workers run with the head's config, device and dtype."""
+    key = node_token()
     host, port = link_address(config)
     try:
         server = socket.create_server((host, port))
     except OSError as error:
         raise NodeError(f"cannot listen for nodes on {host}:{port}: {error.strerror}") from None
     deadline = time.monotonic() + config.node_timeout
+    welcome = ("ok", config, device, dtype)
     joined: dict[int, RemoteNode] = {}
     try:
         with server:
             while len(joined) < config.nnodes - 1:
-                sock = _accept(server, deadline, config, joined)
-                node_rank = _admit(sock, deadline, config, joined, ("ok", config, device, dtype))
+                link = _authenticate(*_accept(server, deadline, config, joined), key)
+                node_rank = None if link is None else _admit(link, config, joined, welcome)
                 if node_rank is not None:
-                    joined[node_rank] = RemoteNode(describe_node(config, node_rank), sock)
+                    joined[node_rank] = RemoteNode(describe_node(config, node_rank), link)
     except BaseException:
         for node in joined.values():
-            node.sock.close()
+            node.link.close()
         raise
     return [joined[n] for n in sorted(joined)]
 
 
 def _accept(server: socket.socket, deadline: float, config: EngineConfig,
-            joined: dict) -> socket.socket:
+            joined: dict) -> tuple[socket.socket, tuple]:
     server.settimeout(max(deadline - time.monotonic(), 0.001))
     try:
-        sock, _ = server.accept()
+        return server.accept()
     except TimeoutError:
         missing = [str(n) for n in range(1, config.nnodes) if n not in joined]
         raise NodeError(
@@ -155,17 +214,38 @@ def _accept(server: socket.socket, deadline: float, config: EngineConfig,
             f"{config.node_timeout:g} s (--node-timeout); start each with --nnodes {config.nnodes} "
             f"--node-rank N --master-addr {config.master_addr} --master-port {config.master_port}"
         ) from None
-    return sock
 
 
-def _admit(sock: socket.socket, deadline: float, config: EngineConfig, joined: dict,
-           welcome: tuple) -> int | None:
-    """Check a joining node; its node rank, or None for a connection that is no node."""
-    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+def _authenticate(sock: socket.socket, peer: tuple, key: bytes) -> Link | None:
+    """The link to a peer that proved it knows the token (and saw that the head does);
+    None for any other connection, which is closed and named on stderr."""
+    link = Link(sock, time.monotonic() + HANDSHAKE_TIMEOUT_S)
     try:
-        _, node_rank, theirs = recv_message(sock)
-    except (EOFError, OSError):  # it went away, or never spoke
-        sock.close()
+        deliver_challenge(link, key)
+        answer_challenge(link, key)
+    except (AuthenticationError, EOFError, OSError) as error:
+        link.close()
+        print(f"the head refused a node link from {peer[0]}:{peer[1]}: {_refusal(error)}",
+              file=sys.stderr, flush=True)
+        return None
+    return link
+
+
+def _refusal(error: Exception) -> str:
+    if isinstance(error, AuthenticationError):
+        return f"wrong {TOKEN_VAR}"
+    if isinstance(error, TimeoutError):
+        return f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+    return str(error)
+
+
+def _admit(link: Link, config: EngineConfig, joined: dict, welcome: tuple) -> int | None:
+    """Check an authenticated node's settings; its node rank, or None if it went away.
+    A node that does not fit the head's settings fails both."""
+    try:
+        _, node_rank, theirs = link.recv()
+    except (EOFError, OSError):
+        link.close()
         return None
     error = None
     if theirs != fingerprint(config):
@@ -173,11 +253,11 @@ def _admit(sock: socket.socket, deadline: float, config: EngineConfig, joined: d
     elif node_rank in joined:
         error = f"node {node_rank} joined twice"
     if error:
-        send_message(sock, ("error", error))
-        sock.close()
+        link.send(("error", error))
+        link.close()
         raise NodeError(error)
-    send_message(sock, welcome)
-    sock.settimeout(None)
+    link.send(welcome)
+    link.deadline = None
     return node_rank
 
 
@@ -187,73 +267,83 @@ def run_node(config: EngineConfig) -> int:
     """Join the head, run this node's ranks and relay between them and the head
     until the head shuts down (exit 0) or something ends (an exception)."""
     config.validate()
-    sock, (head_config, device, dtype) = _join(config)
+    link, (head_config, device, dtype) = _join(config, node_token())
     name = describe_node(config, config.node_rank)
     print(f"{name} joined the head at {config.master_addr}:{config.master_port + 1}",
           file=sys.stderr, flush=True)
     grace_s = DEAD_GRACE_S
-    with sock:
+    with closing(link):
         workers = LocalWorkers(head_config, device, dtype, head_config.node_ranks(config.node_rank),
                                init_method(config))
         try:
-            grace_s = _relay(sock, workers)
+            grace_s = _relay(link, workers)
         except WorkerDiedError as error:
-            _tell_head(sock, ("died", str(error), error.rank, error.exitcode))
+            _tell_head(link, ("died", str(error), error.rank, error.exitcode))
             raise
         except (EOFError, OSError) as error:
             raise NodeError(f"{name} lost the head: {error}") from None
         finally:
-            sock.close()  # first: the head hears of the end before its ranks fail on it
+            link.close()  # first: the head hears of the end before its ranks fail on it
             workers.shutdown(grace_s)
     return 0
 
 
-def _join(config: EngineConfig) -> tuple[socket.socket, tuple]:
-    """Connect to the head (retrying until --node-timeout) and pass its checks;
-    returns the link and the head's (config, device, dtype), which the workers run with."""
+def _join(config: EngineConfig, key: bytes) -> tuple[Link, tuple]:
+    """Connect to the head (retrying until --node-timeout), prove the token both ways
+    and pass the head's checks; returns the link and the head's (config, device,
+    dtype), which the workers run with."""
     host, port = link_address(config)
     deadline = time.monotonic() + config.node_timeout
+    sock = _connect(host, port, deadline, config)
+    link = Link(sock, max(deadline, time.monotonic() + HANDSHAKE_TIMEOUT_S))
+    try:
+        answer_challenge(link, key)
+        deliver_challenge(link, key)
+        link.send(("join", config.node_rank, fingerprint(config)))
+        kind, *body = link.recv()
+    except AuthenticationError:
+        link.close()
+        raise NodeError(f"the head at {host}:{port} and node {config.node_rank} have different "
+                        f"{TOKEN_VAR}s; set the same token on every node") from None
+    except (EOFError, OSError) as error:
+        link.close()
+        raise NodeError(f"the head at {host}:{port} did not accept node {config.node_rank}: "
+                        f"{error}") from None
+    if kind == "error":
+        link.close()
+        raise NodeError(body[0])
+    link.deadline = None
+    return link, body
+
+
+def _connect(host: str, port: int, deadline: float, config: EngineConfig) -> socket.socket:
     while True:
         try:
-            sock = socket.create_connection((host, port), timeout=RETRY_CONNECT_S)
-            break
+            return socket.create_connection((host, port), timeout=RETRY_CONNECT_S)
         except OSError:
             if time.monotonic() >= deadline:
                 raise NodeError(f"no head answered at {host}:{port} within "
                                 f"{config.node_timeout:g} s (--node-timeout)") from None
             time.sleep(RETRY_CONNECT_S)
-    try:
-        sock.settimeout(max(deadline - time.monotonic(), 1.0))
-        send_message(sock, ("join", config.node_rank, fingerprint(config)))
-        kind, *body = recv_message(sock)
-    except (EOFError, OSError) as error:
-        sock.close()
-        raise NodeError(f"the head at {host}:{port} did not accept node {config.node_rank}: "
-                        f"{error}") from None
-    if kind == "error":
-        sock.close()
-        raise NodeError(body[0])
-    sock.settimeout(None)
-    return sock, body
 
 
-def _relay(sock: socket.socket, workers: LocalWorkers) -> float:
+def _relay(link: Link, workers: LocalWorkers) -> float:
     """Forward the head's messages into the ring and every worker reply back, one
     at a time, until the head says shut down; returns the grace it gave."""
     while True:
-        ready = wait([sock] + workers.waitables(), timeout=POLL_S)
+        ready = wait([link] + workers.waitables(), timeout=POLL_S)
         for rank, reply in workers.take_replies():
-            send_message(sock, ("reply", rank, reply))
+            link.send(("reply", rank, reply))
         workers.check()
-        if sock in ready:
-            kind, body = recv_message(sock)
+        if link in ready:
+            kind, body = link.recv()
             if kind == "shutdown":
                 return body
             workers.submit(body, should_abort=workers.check)
 
 
-def _tell_head(sock: socket.socket, message: tuple) -> None:
+def _tell_head(link: Link, message: tuple) -> None:
     try:
-        send_message(sock, message)
+        link.send(message)
     except OSError:
         pass  # the head is gone too

@@ -2,14 +2,15 @@
 
 Only what the engine can honour is accepted: one choice per request (n=1), no
 logprobs. Fields the engine has no use for (user, metadata, ...) are ignored,
-as the OpenAI API ignores fields it does not know.
+as the OpenAI API ignores fields it does not know. The sampling parameters'
+ranges are SamplingParams.validate's, named here by the field they came from.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, SamplingParamsError
 
 
 class APIError(Exception):
@@ -51,8 +52,8 @@ class GenerateRequest:
                                 ignore_eos=self.ignore_eos)
         try:
             params.validate()
-        except ValueError as error:
-            raise invalid(str(error)) from None
+        except SamplingParamsError as error:
+            raise invalid(str(error), error.param) from None
         return params
 
 
@@ -73,6 +74,15 @@ def _field(body: dict, name: str, kind: type, default=None, required: bool = Fal
     if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
         raise invalid(f"'{name}' must be {_JSON_TYPE[kind]}, got {_json_type_of(value)}", name)
     return value
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    """body[name] as a float; an integer too large for one is a 400, not an OverflowError."""
+    value = _field(body, name, float, default)
+    try:
+        return float(value)
+    except OverflowError:
+        raise invalid(f"'{name}' is out of range", name) from None
 
 
 def _json_type_of(value) -> str:
@@ -98,8 +108,8 @@ def _common(body: dict, max_tokens_default: int | None) -> dict:
     return dict(
         model=_field(body, "model", str, required=True),
         max_tokens=max_tokens,
-        temperature=float(_field(body, "temperature", float, 1.0)),
-        top_p=float(_field(body, "top_p", float, 1.0)),
+        temperature=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
         top_k=_field(body, "top_k", int, 0),
         seed=_field(body, "seed", int),
         stop=stop,

@@ -36,6 +36,7 @@ from engine.sampling_params import SamplingParams
 
 IDLE_WORKER_CHECK_S = 0.5
 SHUTTING_DOWN = "the server is shutting down"
+MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids
 
 
 @dataclass
@@ -185,7 +186,7 @@ class OpenAIServer:
         self.metrics = metrics.ServerMetrics()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_error_json])
+        app = web.Application(middlewares=[_error_json], client_max_size=MAX_BODY_BYTES)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -363,9 +364,23 @@ async def _send_event(response: web.StreamResponse, body: dict) -> None:
 
 async def _json_body(request: web.Request):
     try:
-        return json.loads(await request.read())
-    except ValueError as error:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB",
+                       code="request_too_large") from None
+    try:
+        body = json.loads(raw, parse_constant=_not_json)
+        json.dumps(body, ensure_ascii=False).encode()   # no tokenizer takes a lone surrogate
+    except UnicodeEncodeError:
+        raise invalid("the request body has text that is not valid Unicode "
+                      "(a lone surrogate such as \\ud800)") from None
+    except (ValueError, RecursionError) as error:
         raise invalid(f"the request body is not valid JSON: {error}") from None
+    return body
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 @web.middleware

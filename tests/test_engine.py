@@ -83,12 +83,28 @@ def test_killed_worker_is_named_and_nothing_is_left(reference):
     assert _shm_segments() <= before
 
 
+def test_bad_offline_requests_fail_alone(reference):
+    with LLM("tiny-llama") as llm:
+        for prompt, params, message in [
+                ([1, 10**9], GREEDY, r"prompt token ids must be in \[0, "),
+                ("hi", SamplingParams(top_k=2**70), "top_k"),
+                ("hi", SamplingParams(temperature=float("nan")), "temperature")]:
+            with pytest.raises(ValueError, match=message):
+                llm.generate([prompt], params)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--model", "no-such-model"], "no-such-model"),
     (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
     (["--model", "smollm2-135m", "-tp", "2"], "1, 3"),
     (["--prompt", ""], "empty"),
     (["--max-tokens", "0"], "max_tokens"),
+    (["--top-k", str(2**70)], "top_k"),
+    (["--temperature", "nan"], "temperature"),
+    (["--temperature", "inf"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--request-seed", str(2**64)], "seed"),
 ])
 def test_bad_input_is_one_line_error(argv, message):
     cmd = [sys.executable, "-m", "engine", "generate", "--prompt", "hi", *argv]

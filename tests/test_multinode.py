@@ -1,19 +1,32 @@
 """Two "nodes" on one machine: two `python -m engine generate` processes, node 1
-headless, tp=2 pp=2 spread over them (ranks 0-1 on the head, 2-3 on node 1)."""
+headless, tp=2 pp=2 spread over them (ranks 0-1 on the head, 2-3 on node 1); and
+what the head's node link does with connections that are no node of the run."""
 import json
 import os
+import pickle
+import select
+import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from typing import IO
 
 import psutil
 import pytest
 
+from engine.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
+
 PROMPTS = ["Hello, my name is", "1 2 3"]
 ENGINE = [sys.executable, "-m", "engine"]
 TP2PP2 = ["--model", "tiny-llama", "-tp", "2", "-pp", "2"]
+TOKEN = "engine-test-token"
+NO_TOKEN_ERROR = (f"error: a multi-node run needs the shared token in {TOKEN_VAR} "
+                  f"(8 characters or more), the same on every node")
 
 
 def _free_port_pair() -> int:
@@ -34,9 +47,14 @@ def _generate_args(max_tokens: int) -> list[str]:
     return ["generate", *prompts, "--max-tokens", str(max_tokens), "--ignore-eos", "--json"]
 
 
-def _start(argv: list[str]) -> subprocess.Popen:
+def _env(token: str | None = TOKEN) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
+    return env if token is None else dict(env, **{TOKEN_VAR: token})
+
+
+def _start(argv: list[str], token: str | None = TOKEN) -> subprocess.Popen:
     return subprocess.Popen(ENGINE + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=_env(token))
 
 
 def _start_nodes(max_tokens: int, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
@@ -96,7 +114,7 @@ def _family(*roots: subprocess.Popen) -> list[psutil.Process]:
 
 def test_tp2_pp2_over_two_nodes_matches_one_rank():
     single = subprocess.run(ENGINE + _generate_args(10), capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env=_env(token=None))   # one node needs no token
     assert single.returncode == 0, single.stderr
     head, node1 = _start_nodes(10)
     head_out, head_err = head.communicate(timeout=60)
@@ -151,7 +169,7 @@ def test_node_that_never_joins_fails_the_head():
     started = time.monotonic()
     proc = subprocess.run(ENGINE + _generate_args(4) + TP2PP2 + [
         "--nnodes", "2", "--master-port", port, "--node-timeout", "1"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         f"error: node 1 did not join within 1 s (--node-timeout); start each with --nnodes 2 "
@@ -164,7 +182,7 @@ def test_headless_node_without_a_head_fails(command):
     port = _free_port_pair()
     proc = subprocess.run(ENGINE + [command, *TP2PP2, "--nnodes", "2", "--node-rank", "1",
                                     "--master-port", str(port), "--node-timeout", "1"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         f"error: no head answered at 127.0.0.1:{port + 1} within 1 s (--node-timeout)"]
@@ -200,3 +218,169 @@ def test_bad_node_flags_are_one_line_errors(argv, message):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("node_rank,token", [(0, None), (1, "short")])
+def test_a_multi_node_run_needs_the_token(node_rank, token):
+    argv = _generate_args(4) if node_rank == 0 else ["generate"]
+    proc = subprocess.run(ENGINE + argv + TP2PP2 + [
+        "--nnodes", "2", "--node-rank", str(node_rank), "--master-port", str(_free_port_pair())],
+        capture_output=True, text=True, timeout=60, env=_env(token))
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [NO_TOKEN_ERROR]
+
+
+# -- connections to the head's node link that are no node of the run ----------------------
+
+REFUSED = "the head refused a node link from 127.0.0.1:"
+
+
+@dataclass
+class WaitingHead:
+    """A head still waiting for node 1; its stderr goes to a file, readable meanwhile."""
+    proc: subprocess.Popen
+    port: int          # the rendezvous; the node link is port + 1
+    log: IO[bytes]
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode()
+
+    def refusals(self) -> list[str]:
+        return [line for line in self.stderr().splitlines() if line.startswith(REFUSED)]
+
+    def new_refusals(self, before: int, count: int) -> list[str]:
+        """The `count` refusals after the first `before`, once the head has written them."""
+        deadline = time.monotonic() + 10
+        while len(self.refusals()) < before + count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.refusals()[before:]
+
+    def listening(self) -> bool:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port + 1
+                   for c in psutil.Process(self.proc.pid).net_connections("tcp"))
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port + 1), timeout=10)
+
+    def assert_still_waiting(self) -> None:
+        assert self.proc.poll() is None and self.listening(), self.stderr()
+
+
+@pytest.fixture(scope="module")
+def marker(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("attack") / "unpickled")
+
+
+@pytest.fixture(scope="module")
+def waiting_head(marker):
+    """One head for every attack; at the end node 1 joins, and the run must end as if
+    nothing had happened."""
+    port = _free_port_pair()
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(ENGINE + _generate_args(4) + TP2PP2 + [
+        "--nnodes", "2", "--master-port", str(port), "--node-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
+    head = WaitingHead(proc, port, log)
+    deadline = time.monotonic() + 60
+    while not head.listening():
+        assert proc.poll() is None and time.monotonic() < deadline, head.stderr()
+        time.sleep(0.1)
+    yield head
+    node1 = _start(["generate", *TP2PP2, "--nnodes", "2", "--master-port", str(port),
+                    "--node-rank", "1"])
+    try:
+        out, _ = proc.communicate(timeout=90)
+        node1.communicate(timeout=30)
+    finally:
+        proc.kill(), node1.kill()
+        log.close()
+    assert (proc.returncode, node1.returncode) == (0, 0)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [len(r["token_ids"]) for r in rows] == [4, 4]
+    assert not os.path.exists(marker)
+
+
+class _Touch:
+    """Unpickling it runs `touch path`: the payload of an attack on a pickle link."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.path)}",)
+
+
+def _until_closed(sock: socket.socket, drip: bytes = b"", every_s: float = 2.0,
+                  limit_s: float = 30) -> float:
+    """Seconds until the head closes the connection, reading what it sends and sending
+    the next byte of `drip` every `every_s` meanwhile."""
+    started = time.monotonic()
+    next_byte_at = started
+    while time.monotonic() - started < limit_s:
+        if drip and time.monotonic() >= next_byte_at:
+            sock.sendall(drip[:1])
+            drip, next_byte_at = drip[1:], next_byte_at + every_s
+        if select.select([sock], [], [], 0.05)[0]:
+            try:
+                if not sock.recv(4096):
+                    return time.monotonic() - started
+            except ConnectionResetError:
+                return time.monotonic() - started
+    raise AssertionError(f"the head kept the connection open for {limit_s} s")
+
+
+def test_a_crafted_pickle_is_never_unpickled(waiting_head, marker):
+    payload = pickle.dumps(("join", 1, _Touch(marker)))
+    before = len(waiting_head.refusals())
+    for length in (struct.pack("!Q", len(payload)),    # how the link used to frame it
+                   struct.pack("!I", len(payload))):   # how it frames messages now
+        with waiting_head.connect() as sock:
+            sock.sendall(length + payload)
+            assert _until_closed(sock) < 2
+    refusals = waiting_head.new_refusals(before, 2)
+    assert len(refusals) == 2 and all(r.endswith(f": wrong {TOKEN_VAR}") for r in refusals)
+    assert not os.path.exists(marker)
+    waiting_head.assert_still_waiting()
+
+
+def test_an_http_request_is_dropped_and_memory_stays_bounded(waiting_head):
+    head = psutil.Process(waiting_head.proc.pid)
+    rss_before = head.memory_info().rss
+    before = len(waiting_head.refusals())
+    for request in (b"GET / HTTP/1.1\r\nHost: head\r\n\r\n",
+                    struct.pack("!I", 200 << 20) + b"x" * (64 << 10)):   # says 200 MiB follow
+        with waiting_head.connect() as sock:
+            try:
+                sock.sendall(request)
+            except ConnectionResetError:
+                pass   # the head closed it already
+            assert _until_closed(sock) < 2
+    refusals = waiting_head.new_refusals(before, 2)
+    assert [r.split(": ", 1)[1] for r in refusals] == [
+        f"a message of {int.from_bytes(b'GET ', 'big')} bytes, over the 256 allowed",
+        f"a message of {200 << 20} bytes, over the 256 allowed"]
+    assert head.memory_info().rss - rss_before < 16 << 20
+    waiting_head.assert_still_waiting()
+
+
+def test_a_peer_sending_one_byte_every_2_s_is_dropped_at_the_handshake_deadline(waiting_head):
+    before = len(waiting_head.refusals())
+    with waiting_head.connect() as sock:
+        closed_after = _until_closed(sock, drip=struct.pack("!I", 32) + b"x" * 32, every_s=2.0)
+    assert HANDSHAKE_TIMEOUT_S - 0.5 < closed_after < HANDSHAKE_TIMEOUT_S + 2
+    assert waiting_head.new_refusals(before, 1)[0].endswith(
+        f": no handshake within {HANDSHAKE_TIMEOUT_S:g} s")
+    waiting_head.assert_still_waiting()
+
+
+def test_a_node_with_the_wrong_token_is_refused_in_one_line(waiting_head):
+    before = len(waiting_head.refusals())
+    node1 = subprocess.run(ENGINE + ["generate", *TP2PP2, "--nnodes", "2", "--node-rank", "1",
+                                     "--master-port", str(waiting_head.port)],
+                           capture_output=True, text=True, timeout=60,
+                           env=_env("not-the-test-token"))
+    assert node1.returncode != 0 and node1.stderr.strip().splitlines() == [
+        f"error: the head at 127.0.0.1:{waiting_head.port + 1} and node 1 have different "
+        f"{TOKEN_VAR}s; set the same token on every node"]
+    assert waiting_head.new_refusals(before, 1)[0].endswith(f": wrong {TOKEN_VAR}")
+    waiting_head.assert_still_waiting()

@@ -15,6 +15,7 @@ from test_generic import PROGRAMS, REPO, free_port, left_behind
 from test_multinode import _free_port_pair
 
 TOKEN = "test-token-4f1c"
+ENGINE_TOKEN = "engine-token-9d2e"   # the engine's own node link
 DETECT_S = 5.0
 
 
@@ -43,7 +44,7 @@ class TwoNodes:
         self.report = tmp_path / "head-report.json"
         master, listen = _free_port_pair(), free_port()
         env = dict(os.environ, TOY_FAULT=toy_fault, TOY_STEPS=str(toy_steps),
-                   DIAG_NODE_TOKEN=TOKEN)
+                   DIAG_NODE_TOKEN=TOKEN, ENGINE_NODE_TOKEN=ENGINE_TOKEN)
         self.head = self._start(0, ["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",
                                     "--json-report", str(self.report)], job(0, master), env)
         env = dict(env, DIAG_NODE_TOKEN=node1_token)

@@ -73,3 +73,14 @@ def test_top_p_and_top_k_keep_only_the_head_of_the_distribution():
 def test_mismatched_rows_are_a_clear_error():
     with pytest.raises(ValueError, match="for 1 requests"):
         Sampler(seed=0).sample(random_logits(2), [make_request()])
+
+
+def test_values_that_slipped_past_validation_neither_fail_nor_give_garbage():
+    logits = random_logits(5)
+    argmax = logits.argmax(dim=-1).tolist()
+    rows = [make_request(temperature=1e-300), make_request(temperature=float("nan")),
+            make_request(top_p=0.0), make_request(top_p=-1.0, top_k=2**70),
+            make_request(top_k=2**70, seed=2**70)]
+    tokens = Sampler(seed=0).sample(logits, rows)
+    assert tokens[:4] == argmax[:4]      # greedy, and top-p keeps the most likely token
+    assert 0 <= tokens[4] < VOCAB

@@ -317,7 +317,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, None),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("/v1/nothing-here", {}, 404, None),
 ]
 
@@ -340,6 +340,73 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tiny):
         _client(tiny).completions.create(model="gpt-4", prompt="hi")
     assert _get(tiny, "/health")[0] == 200
     assert _client(tiny).completions.create(model=tiny.model, prompt="fine", max_tokens=3).usage.completion_tokens
+
+
+# -- requests that used to break the server: each one fails alone ------------------------
+
+def _completion(**fields) -> dict:
+    return {"model": "tiny-llama", "prompt": "hi", "max_tokens": 2, **fields}
+
+
+def _raw(fields: bytes) -> bytes:
+    """A body json.dumps would not write: NaN, Infinity, lone surrogates, bad UTF-8."""
+    return b'{"model": "tiny-llama", "max_tokens": 2, ' + fields + b"}"
+
+
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+CHAT_HI = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+HOSTILE_REQUESTS = {
+    # id: (path, body, status, param)
+    "top_k 2**70": (CMPL, _completion(top_k=2**70), 400, "top_k"),
+    "chat top_k 2**70": (CHAT, dict(CHAT_HI, top_k=2**70), 400, "top_k"),
+    "top_k 2**31": (CMPL, _completion(top_k=2**31), 400, "top_k"),
+    "top_k -2": (CMPL, _completion(top_k=-2), 400, "top_k"),
+    "temperature NaN": (CMPL, _raw(b'"prompt": "hi", "temperature": NaN'), 400, None),
+    "temperature Infinity": (CMPL, _raw(b'"prompt": "hi", "temperature": Infinity'), 400, None),
+    "temperature 1e999": (CMPL, _raw(b'"prompt": "hi", "temperature": 1e999'), 400, "temperature"),
+    "temperature 10**400": (CMPL, _completion(temperature=10**400), 400, "temperature"),
+    "temperature 2.5": (CMPL, _completion(temperature=2.5), 400, "temperature"),
+    "top_p 0": (CMPL, _completion(top_p=0), 400, "top_p"),
+    "top_p 1.5": (CMPL, _completion(top_p=1.5), 400, "top_p"),
+    "seed 2**64": (CMPL, _completion(seed=2**64), 400, "seed"),
+    "seed -2**63-1": (CMPL, _completion(seed=-2**63 - 1), 400, "seed"),
+    "max_tokens 10**30": (CMPL, _completion(max_tokens=10**30), 400, "max_tokens"),
+    "17 stop strings": (CMPL, _completion(stop=[f"s{i}" for i in range(17)]), 400, "stop"),
+    "a stop string of 257": (CMPL, _completion(stop="x" * 257), 400, "stop"),
+    "token id 2**70": (CMPL, _completion(prompt=[1, 2**70]), 400, "prompt"),
+    "token id -1": (CMPL, _completion(prompt=[-1]), 400, "prompt"),
+    "lone surrogate": (CMPL, _raw(rb'"prompt": "a\ud800"'), 400, None),
+    "chat lone surrogate": (CHAT, _raw(rb'"messages": [{"role": "user", "content": "\udfff"}]'),
+                            400, None),
+    "not UTF-8": (CMPL, _raw(b'"prompt": "\xff"'), 400, None),
+    "nested 100k deep": (CMPL, b"[" * 100_000 + b"]" * 100_000, 400, None),
+    "over 4 MiB": (CMPL, _completion(prompt="x" * (4 << 20)), 413, None),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_REQUESTS)
+def test_a_hostile_request_fails_alone_and_the_next_one_is_served(tiny, name):
+    path, body, status, param = HOSTILE_REQUESTS[name]
+
+    async def post() -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with aiohttp.ClientSession() as session, session.post(
+                tiny.url + path, data=data, headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.json()
+
+    got_status, got = asyncio.run(post())
+    assert (got_status, got["error"]["param"]) == (status, param), got
+    assert set(got["error"]) == {"message", "type", "param", "code"} and got["error"]["message"]
+    assert _client(tiny).completions.create(model=tiny.model, prompt="next", max_tokens=2).usage
+    assert _get(tiny, "/health") == (200, '{"status": "ok"}')
+
+
+def test_a_tiny_temperature_samples_greedily(tiny):
+    client = _client(tiny)
+    greedy, tiny_t = (client.completions.create(model=tiny.model, prompt="hello", max_tokens=8,
+                                                 temperature=t, extra_body={"ignore_eos": True})
+                      for t in (0, 1e-300))
+    assert tiny_t.choices[0].text == greedy.choices[0].text
 
 
 def test_models_and_health(tiny):
