@@ -6,6 +6,7 @@ import pytest
 
 from diagnose import cli
 from diagnose.offline.logs import Kind, Severity, scan_file, scan_files
+from diagnose.offline.logs import reader
 from diagnose.offline.logs.reader import MAX_LINE, raw_lines
 
 LOGS = os.path.join(os.path.dirname(__file__), "fixtures", "logs")
@@ -234,3 +235,13 @@ def test_cli_directory_and_clean_log(capsys, tmp_path):
     assert "no failure found" in capsys.readouterr().out
     assert cli.main(["logs", str(tmp_path), str(clean)]) == cli.EXIT_ERROR
     assert capsys.readouterr().err == f"diag: {tmp_path}: is a directory\n"
+
+
+def test_chunk_boundaries_change_nothing(monkeypatch):
+    """Lines, tracebacks and prefixes cut across the reader's chunks read the same."""
+    whole = [(f.kind, f.summary, [link.summary for link in f.chain])
+             for f in read("vllm_tp2pp2_worker_assert.log") + read("torchrun_gloo_skip_tee.log")]
+    monkeypatch.setattr(reader, "CHUNK", 97)
+    small = [(f.kind, f.summary, [link.summary for link in f.chain])
+             for f in read("vllm_tp2pp2_worker_assert.log") + read("torchrun_gloo_skip_tee.log")]
+    assert small == whole

@@ -13,6 +13,7 @@ one finding with a count and its first and last time.
     tracebacks.py   Python tracebacks, one per process, bounded
     rules.py        what one line or one traceback tells
     collectives.py  NCCL watchdog, desync reports, gloo timeouts: per rank
+    prefilter.py    which lines of a chunk can matter, found with bytes.find
     scan.py         the pass over the files, in bounded memory
     story.py        the first failure, its chain, the other findings
     behind.py       the rank the others wait for in a collective
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diagnose.offline.logs.model import Finding, Kind, Severity
-from diagnose.offline.logs.reader import LogReadError, open_text, raw_lines
+from diagnose.offline.logs.reader import LogReadError, chunks, open_text
 from diagnose.offline.logs.render import render, to_json
 from diagnose.offline.logs.scan import Scanner
 from diagnose.offline.logs.story import tell
@@ -59,7 +60,7 @@ def scan_files(paths: list[str]) -> Report:
             continue
         with source:
             try:
-                scanner.scan(path, raw_lines(source))
+                scanner.scan(path, chunks(source))
             except OSError as error:
                 errors.append(f"{path}: {(error.strerror or str(error)).lower()}")
     findings = tell(scanner) if scanner.files else []

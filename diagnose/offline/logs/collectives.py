@@ -140,6 +140,6 @@ def _desync(scan, line, proc):
 NCCL_RULES = (
     Rule(("Watchdog caught collective operation timeout",), _watchdog),
     Rule(("last enqueued",), _status),
-    Rule(("didn't join collective", "are the lagging ranks", "joined but didn't finish",
-          "Timeout at collective:"), _desync),
+    Rule(("didn't join collective", "are the lagging ranks",
+          "joined but didn't finish collective", "Timeout at collective:"), _desync),
 )

@@ -47,9 +47,10 @@ def open_text(path: str):
     return source
 
 
-def raw_lines(source):
-    """The file's lines as bytes, without the newline, each at most MAX_LINE bytes:
-    memory stays at one chunk whatever the file holds (one endless line too)."""
+def chunks(source):
+    """The file as lists of its lines (bytes, without the newline), about CHUNK
+    bytes at a time; a line longer than MAX_LINE is cut there. Memory stays at
+    one chunk whatever the file holds (one endless line too)."""
     rest, skipping = b"", False
     while True:
         block = source.read(CHUNK)
@@ -65,9 +66,16 @@ def raw_lines(source):
         rest = lines.pop()
         if len(rest) > MAX_LINE:
             rest, skipping = rest[:MAX_LINE], True
-        yield from lines
+        if lines:
+            yield lines
     if rest:
-        yield rest
+        yield [rest]
+
+
+def raw_lines(source):
+    """The file's lines, one at a time (see chunks)."""
+    for lines in chunks(source):
+        yield from lines
 
 
 @dataclass(slots=True)
@@ -135,13 +143,27 @@ def parse(number: int, raw: bytes) -> Line:
     return Line(number, key, name, pid, rank, local, host, when, stamp, rest, text)
 
 
+_TIMES: dict[tuple, tuple[float, str]] = {}     # a second seen before costs a lookup
+
+
 def _time(found: re.Match) -> tuple[float, str]:
-    month, day, hms = int(found["mo"]), int(found["d"]), found["hms"]
-    hours, minutes, seconds = int(hms[:2]), int(hms[3:5]), int(hms[6:8])
     frac = found.groupdict().get("frac")
-    when = (((month - 1) * 31 + day - 1) * 86400 + hours * 3600 + minutes * 60 + seconds
-            + (float("0." + frac[1:]) if frac else 0.0))
-    return when, f"{month:02d}-{day:02d} {hms}"
+    key = (found["mo"], found["d"], found["hms"])
+    known = _TIMES.get(key)
+    if known is None:
+        if len(_TIMES) > 4096:
+            _TIMES.clear()
+        known = _TIMES[key] = _seconds(*key)
+    if not frac:
+        return known
+    return known[0] + float("0." + frac[1:]), known[1]
+
+
+def _seconds(mo: str, d: str, hms: str) -> tuple[float, str]:
+    month, day = int(mo), int(d)
+    hours, minutes, seconds = int(hms[:2]), int(hms[3:5]), int(hms[6:8])
+    when = ((month - 1) * 31 + day - 1) * 86400 + hours * 3600 + minutes * 60 + seconds
+    return float(when), f"{month:02d}-{day:02d} {hms}"
 
 
 def trim(text: str) -> str:

@@ -15,10 +15,11 @@ from diagnose.offline.logs.model import Kind
 from diagnose.offline.logs.tracebacks import PyError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rule:
     needles: tuple[str, ...]
     read: Callable          # (scanner, line, proc) -> None
+    sampled: bool = False   # too common to read every one: only some are read (prefilter.py)
 
 
 CUDA_ERROR = re.compile(r"CUDA error: ([^.;'\n]+)")
@@ -166,8 +167,8 @@ LINE_RULES = (
     Rule(("tensor_parallel_size", "non-default args"), _sizes),
     Rule(("world_size=", "is assigned as"), _vllm_rank),
     Rule(("shared memory broadcast block",), _broadcast),
-    Rule(('HTTP/1.1" ', 'HTTP/1.0" ', 'HTTP/2" '), _http),
-    Rule(("generation throughput:",), _throughput),
+    Rule(('HTTP/1.1" ', 'HTTP/1.0" ', 'HTTP/2" '), _http, sampled=True),
+    Rule(("generation throughput:",), _throughput, sampled=True),
     Rule(("Application startup complete", "Starting vLLM server", "Starting vLLM API server"),
          _ready),
     Rule(("received signal", "shutdown triggered"), _shutdown),
@@ -181,7 +182,7 @@ LINE_RULES = (
 
 # the lines the traceback assembler needs to see even when no rule asks for them
 TRACEBACK_NEEDLES = ("Traceback (most recent call last)", "The above exception",
-                     "During handling of the above")
+                     "During handling of the above exception")
 
 
 def _variable(text: str) -> str | None:

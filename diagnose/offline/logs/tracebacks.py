@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 MAX_FRAMES = 32          # innermost frames kept of one traceback
+HELD = 4 * MAX_FRAMES    # indented lines held unread (a frame, its code, carets)
 MAX_GAP = 400            # lines of its process without a frame before a traceback is dropped
 MAX_MESSAGE = 300
 
@@ -65,10 +66,15 @@ class PyError:
 
 class Assembler:
     """One process's traceback state: idle, in frames, or just after an exception
-    (which may still turn out to be the cause of the next one)."""
-    __slots__ = ("frames", "gap", "state", "done", "cause", "code_due")
+    (which may still turn out to be the cause of the next one).
+
+    The indented lines of a traceback (frames, their code, carets) can be handed
+    over undecoded (hold); they are read only when the next unindented line comes,
+    and only the last HELD of them: a deep traceback costs a deque append a line."""
+    __slots__ = ("frames", "gap", "state", "done", "cause", "code_due", "held")
 
     def __init__(self):
+        self.held: deque[bytes] = deque(maxlen=HELD)
         self.frames: deque[Frame] = deque(maxlen=MAX_FRAMES)
         self.state = "idle"        # idle | frames | after | chained
         self.done: PyError | None = None
@@ -80,8 +86,16 @@ class Assembler:
     def busy(self) -> bool:
         return self.state in ("frames", "chained")
 
+    def hold(self, body: bytes) -> None:
+        """An indented line of the traceback under way, read later if at all."""
+        self.held.append(body)
+
     def feed(self, body: str, number: int, text: str) -> tuple[bool, PyError | None]:
         """(whether the line belongs to a traceback, an error that is now complete)."""
+        if self.held:
+            held, self.held = self.held, deque(maxlen=HELD)
+            for line in held:
+                self._indented(line.decode("utf-8", "replace").rstrip("\r"))
         stripped = body.strip()
         if self.state in ("after", "chained"):
             if stripped.startswith(CHAINED):
@@ -101,16 +115,8 @@ class Assembler:
             return True, None
         if self.state != "frames":
             return False, None
-        frame = FRAME.match(body)
-        if frame:
-            self.frames.append(Frame(frame["path"], int(frame["line"]), frame["func"].strip()))
-            self.gap, self.code_due = 0, True
-            return True, None
         if not stripped or body[:1].isspace():
-            if self.code_due and stripped and not CARETS.match(body) and self.frames:
-                last = self.frames.pop()
-                self.frames.append(Frame(last.path, last.line, last.func, stripped))
-            self.code_due = False
+            self._indented(body)
             return True, None
         name = EXC_NAME.match(stripped)
         if (name and self.frames and not name["type"].isupper()
@@ -123,6 +129,19 @@ class Assembler:
             self.state, self.frames = "idle", deque(maxlen=MAX_FRAMES)
         return False, None
 
+    def _indented(self, body: str) -> None:
+        """A frame, the code under it, or carets."""
+        frame = FRAME.match(body) if 'File "' in body[:16] else None
+        if frame:
+            self.frames.append(Frame(frame["path"], int(frame["line"]), frame["func"].strip()))
+            self.gap, self.code_due = 0, True
+            return
+        stripped = body.strip()
+        if self.code_due and stripped and not CARETS.match(body) and self.frames:
+            last = self.frames.pop()
+            self.frames.append(Frame(last.path, last.line, last.func, stripped))
+        self.code_due = False
+
     def flush(self) -> PyError | None:
         """At the end of the file: the error still waiting for a possible chain."""
         done, self.done, self.state = self.done, None, "idle"
@@ -130,6 +149,7 @@ class Assembler:
 
     def _start(self) -> None:
         self.frames, self.state, self.gap, self.code_due = deque(maxlen=MAX_FRAMES), "frames", 0, False
+        self.held = deque(maxlen=HELD)
 
     def _error(self, name: re.Match, number: int, text: str) -> PyError:
         frames = list(self.frames)
