@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from diagnose.offline.logs.behind import behind
 from diagnose.offline.logs.hang import hang
+import re
+
 from diagnose.offline.logs.model import Finding, Kind, Proc, Severity
+from diagnose.offline.logs.scan import detail
 from diagnose.offline.logs.words import LMCACHE_ADVICE, finding, link, root
 
 ROOTS = (Kind.EXCEPTION, Kind.CUDA_ERROR, Kind.OUT_OF_MEMORY, Kind.RANK_DIED, Kind.WORKER_DIED)
@@ -24,6 +27,7 @@ LINKS = (Kind.ENGINE_CORE_FATAL, Kind.ENGINE_DEAD, Kind.HTTP_ERROR, Kind.RPC_TIM
 DEATHS = (Kind.WORKER_DIED, Kind.RANK_DIED)      # after another failure: its consequence
 VICTIMS = (Kind.PEER_LOST, Kind.COLLECTIVE_TIMEOUT)   # in the chain wherever they were printed
 SIGTERM_CODES = (-15, 15, -2)
+PID = re.compile(r" pid=\d+")
 
 
 class Teller:
@@ -31,7 +35,8 @@ class Teller:
         self.scan, self.job, self.files = scan, scan.job, scan.files
         self.torchrun_root = scan.torchrun_root
         self.kinds: dict[Kind, list] = {}
-        self.also: dict[int, list] = {}        # a failure -> the same failure in other processes
+        self.also: dict[int, list] = {}        # a failure -> the same failure in other ranks
+        self.again: dict[int, list] = {}       # a failure -> the same in a later process like it
         for entry in sorted(scan.entries.values(), key=lambda entry: entry.first.order):
             self.kinds.setdefault(entry.first.kind, []).append(entry)
 
@@ -77,22 +82,34 @@ class Teller:
         for entry in roots:
             if kept and entry.first.kind in DEATHS:
                 continue
-            error = entry.first.info.get("exception")
-            same = (entry.first.kind, error.type, error.message, error.frame) if error else None
-            if same is not None and same in seen:
-                self.also.setdefault(id(seen[same]), []).append(entry)
-                continue
-            if same is not None:
+            event = entry.first
+            same = (event.kind, event.proc.name, detail(event))
+            first = seen.get(same)
+            if first is None:
                 seen[same] = entry
-            kept.append(entry)
+                kept.append(entry)
+            elif self._who(first) == self._who(entry):
+                self.again.setdefault(id(first), []).append(entry)   # the same process restarted
+            else:
+                self.also.setdefault(id(first), []).append(entry)    # another rank, same fault
         return kept
+
+    def _who(self, entry) -> str:
+        return PID.sub("", self.describe(entry.first.proc)[0])
 
     def _root(self, entry) -> Finding:
         made = root(entry, self)
+        again = self.again.get(id(entry), [])
+        if again:
+            made.count += sum(other.count for other in again)
+            made.last = max((other.latest for other in again), key=lambda event: event.order).stamp
+            made.summary += f" (and in {len(again)} later process{'es' if len(again) > 1 else ''} "
+            made.summary += "of the same name)"
         others = self.also.get(id(entry), [])
         if others:
-            names = ", ".join(self.describe(other.first.proc)[0] for other in others)
-            made.summary += f" (the same in {names})"
+            names = [self.describe(other.first.proc)[0] for other in others]
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            made.summary += f" (the same in {', '.join(names[:3])}{more})"
         return made
 
     def _first(self, candidates: list, lagging: Finding | None) -> list[Finding]:

@@ -110,6 +110,9 @@ def link(entry, ctx, severity: Severity) -> Finding:
         reason = REASON.search(error.message)
         where = f" at {error.frame.where()}" if error.frame else ""
         text = f"{who}: {error.short}{where}: {reason.group(0) if reason else error.message}"
+    elif kind == Kind.COLLECTIVE_TIMEOUT:
+        text = (f"{who}: PyTorch's desync report: {event.info['desync'].replace('_', ' ')}"
+                if event.info.get("desync") else f"{who}: NCCL's watchdog timed out")
     else:
         text = f"{who}: {said}"
     return finding(entry, ctx, severity, summary=text)
