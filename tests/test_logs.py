@@ -121,7 +121,8 @@ def test_torchrun_gloo_names_the_rank_that_skipped(name):
                                     "timed out in (gloo after 20 s)")
     waited = [link for link in first.chain if link.kind == Kind.COLLECTIVE_TIMEOUT]
     assert [link.rank for link in waited] == [0, 1, 3]
-    assert waited[0].summary == "rank 0 waited: timed out in all_reduce after 20 s, at gloo_skip.py:42 main"
+    assert waited[0].summary == ("rank 0 waited: timed out in all_reduce after 20 s, "
+                                 "at gloo_skip.py:42 main")
     assert Kind.JOB_STOPPED in {link.kind for link in first.chain}
     assert "calls rank 0 the \"Root Cause\"" in first.advice
 

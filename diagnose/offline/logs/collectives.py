@@ -4,7 +4,7 @@ NCCL's watchdog (PyTorch's ProcessGroupNCCL) prints, per rank and process
 group, the collective that timed out and, in its status line, the last work
 it enqueued and the last it completed:
 
-    [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5729, OpType=BROADCAST, ...)
+    [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5729, ...)
     [PG ID 4 PG GUID 67 Rank 3]  failure detected by watchdog at work sequence id: 5729
         PG status: last enqueued work: 6464, last completed work: 5728
 
@@ -25,8 +25,8 @@ from diagnose.offline.logs.rules import Rule
 
 MAX_RECORDS = 4096
 
-PG_TAG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)(?: PG GUID (?P<guid>\d+))?\s*(?:\((?P<name>[^)]*)\))?"
-                    r" Rank (?P<rank>\d+)\]")
+PG_TAG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)(?: PG GUID (?P<guid>\d+))?"
+                    r"\s*(?:\((?P<name>[^)]*)\))? Rank (?P<rank>\d+)\]")
 WATCHDOG = re.compile(r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: "
                       r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
                       r"(?:.*?ran for (?P<ms>\d+) milliseconds)?")

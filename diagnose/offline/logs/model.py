@@ -94,7 +94,7 @@ class Event:
     kind: Kind
     file: int                          # the file's index in this run of diag logs
     line: int
-    when: float | None                 # seconds into the year: the line's time, or the last before it
+    when: float | None                 # seconds into the year (the line's, or the last before)
     stamp: str | None                  # the line's own time as "MM-DD HH:MM:SS", if it has one
     proc: Proc
     text: str                          # the line as printed, trimmed

@@ -124,7 +124,8 @@ class Processes:
                     assumed = f"; tp_size {tp_size} assumed: the log does not state it"
             rank = (proc.pp or 0) * tp_size + (proc.tp or 0)
         parts = [f"rank {rank}"] if rank is not None else []
-        if proc.pp is not None and (proc.pp or (self.job.pp_size or 1) > 1 or "PP" in (proc.name or "")):
+        staged = (self.job.pp_size or 1) > 1 or "PP" in (proc.name or "")
+        if proc.pp is not None and (proc.pp or staged):
             parts.append(f"PP stage {proc.pp}")
         if proc.tp is not None and "TP" in (proc.name or ""):
             parts.append(f"TP {proc.tp}")

@@ -102,7 +102,8 @@ VLLM_HEAD = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<
                        r"(?P<hms>\d\d:\d\d:\d\d)(?:[.,]\d+)? \[?[\w./-]+:\d+\] ?")
 GLOG = re.compile(r"\[?[IWEF](?:(?P<mo>\d\d)(?P<d>\d\d) (?P<hms>\d\d:\d\d:\d\d)(?P<frac>\.\d+)?"
                   r"(?: +(?P<pid>\d+))?)? ?[\w./-]+:\d+\] ?")
-ISO = re.compile(r"\[?\d{4}-(?P<mo>\d\d)-(?P<d>\d\d)[ T](?P<hms>\d\d:\d\d:\d\d)(?P<frac>[.,]\d+)?\]? ?")
+ISO = re.compile(r"\[?\d{4}-(?P<mo>\d\d)-(?P<d>\d\d)[ T](?P<hms>\d\d:\d\d:\d\d)"
+                 r"(?P<frac>[.,]\d+)?\]? ?")
 NCCL = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] ")
 
 

@@ -27,7 +27,8 @@ OOM = re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError
 TP_SIZE = re.compile(r"tensor_parallel_size['\"]?[=:] ?(\d+)")
 PP_SIZE = re.compile(r"pipeline_parallel_size['\"]?[=:] ?(\d+)")
 VLLM_RANK = re.compile(r"\bworld_size=(\d+) rank=(\d+)")
-VLLM_PLACE = re.compile(r"\brank (\d+) in world size (\d+) is assigned as .*?PP rank (\d+),.*?TP rank (\d+)")
+VLLM_PLACE = re.compile(r"\brank (\d+) in world size (\d+) is assigned as "
+                        r".*?PP rank (\d+),.*?TP rank (\d+)")
 BROADCAST = re.compile(r"No available shared memory broadcast block found in (\d+) second")
 HTTP = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
 THROUGHPUT = re.compile(r"generation throughput: ([\d.]+)")

@@ -262,7 +262,8 @@ class Scanner:
             self.entries[key] = Entry(event)
             return
         latest = entry.latest
-        if event.info.get("traceback") and event.stamp == latest.stamp and event.file == latest.file:
+        if (event.info.get("traceback") and event.stamp == latest.stamp
+                and event.file == latest.file):
             return       # the same traceback printed twice (vLLM's worker does) is one failure
         entry.count += 1
         entry.last = event

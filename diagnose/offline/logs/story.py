@@ -161,10 +161,10 @@ class Teller:
         who, _ = self.describe(stop.first.proc)
         count = sum(entry.count for entry in late)
         words = sorted({link(entry, self, Severity.NOTE).summary for entry in late})
+        at = stop.first.stamp or f"line {stop.first.line}"
         note = finding(late[0], self, Severity.NOTE, kind=Kind.AFTER_SHUTDOWN,
                        summary=f"{count} error{'s' if count > 1 else ''} after the stop that "
-                               f"{who} was asked for at {stop.first.stamp or 'line ' + str(stop.first.line)}: "
-                               + "; ".join(words[:3]),
+                               f"{who} was asked for at {at}: " + "; ".join(words[:3]),
                        advice="part of stopping the job, not a failure")
         note.count = count
         return note

@@ -148,8 +148,8 @@ class Assembler:
         return done
 
     def _start(self) -> None:
-        self.frames, self.state, self.gap, self.code_due = deque(maxlen=MAX_FRAMES), "frames", 0, False
-        self.held = deque(maxlen=HELD)
+        self.frames, self.held = deque(maxlen=MAX_FRAMES), deque(maxlen=HELD)
+        self.state, self.gap, self.code_due = "frames", 0, False
 
     def _error(self, name: re.Match, number: int, text: str) -> PyError:
         frames = list(self.frames)
