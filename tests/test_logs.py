@@ -246,3 +246,22 @@ def test_chunk_boundaries_change_nothing(monkeypatch):
     small = [(f.kind, f.summary, [link.summary for link in f.chain])
              for f in read("vllm_tp2pp2_worker_assert.log") + read("torchrun_gloo_skip_tee.log")]
     assert small == whole
+
+
+def test_vllm_process_names_in_any_order_and_the_older_forms():
+    from diagnose.offline.logs.processes import Job, Processes
+    from diagnose.offline.logs.reader import parse
+
+    def describe(raw, job):
+        procs = Processes(job)
+        return procs.describe(procs.of(0, parse(1, raw)))
+
+    sized = Job(tp_size=2, pp_size=2, sizes_from="the engine's config line")
+    assert describe(b"(Worker_TP1_PP1 pid=11) INFO 12-01 05:29:12 [x.py:1] hi", sized) == (
+        "Worker_TP1_PP1 (rank 3, PP stage 1, TP 1)", 3)
+    # vLLM leaves TP out of the name when tp_size is 1: so the log need not say it
+    assert describe(b"(Worker_PP1 pid=12) INFO 12-01 05:29:12 [x.py:1] hi", Job()) == (
+        "Worker_PP1 (rank 1, PP stage 1)", 1)
+    assert describe(b"(VllmWorker rank=2 pid=13) ERROR 06-26 23:10:17 [x.py:5] hi", Job()) == (
+        "VllmWorker (rank 2)", 2)
+    assert describe(b"[default3]:[rank3]: RuntimeError: boom", Job()) == ("rank 3", 3)
