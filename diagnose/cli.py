@@ -243,32 +243,31 @@ def demo_command(args) -> int:
 
 
 def add_logs(commands) -> None:
-    parser = commands.add_parser("logs", help="explain known failure lines (NCCL watchdog, CUDA "
-                                              "errors, OOM, vLLM, LMCache) in log files")
-    parser.add_argument("files", nargs="+", metavar="FILE")
+    parser = commands.add_parser("logs", help="read vLLM, torchrun and NCCL logs: the first "
+                                              "failure, its rank, and the chain after it")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="log files, read together as one job (e.g. one log per rank)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.set_defaults(run=logs_command)
 
 
 def logs_command(args) -> int:
-    from dataclasses import asdict
+    """Exit 0: no finding beyond notes; 1: findings; 2: a file could not be read (the
+    others are still read and reported)."""
+    from diagnose.offline.logs import render, scan_files, to_json
 
-    from diagnose.offline.logs import LogReadError, render, scan_file
-
-    findings, read = [], 0
-    for path in args.files:
-        try:
-            findings += scan_file(path)
-            read += 1
-        except LogReadError as error:
-            print(f"diag: {error}", file=sys.stderr)
-    if not read:
+    report = scan_files(args.files)
+    for error in report.errors:
+        print(f"diag: {error}", file=sys.stderr)
+    if not report.files:
         raise UsageError("no log file could be read")
     if args.json:
-        print(json.dumps([asdict(finding) for finding in findings], indent=1))
+        print(json.dumps(to_json(report.findings), indent=1))
     else:
-        render(findings)
-    return EXIT_VERDICTS if findings else EXIT_HEALTHY
+        render(report.findings, report.files, report.dropped)
+    if report.errors:
+        return EXIT_ERROR
+    return EXIT_VERDICTS if report.faults else EXIT_HEALTHY
 
 
 def add_synth(commands) -> None:
