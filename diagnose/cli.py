@@ -154,6 +154,7 @@ def _launch_options(parser) -> None:
 
 
 def launch_command(args) -> int:
+    from diagnose.launch.claim import RunDirError
     from diagnose.launch.launcher import Launcher
     from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
     from diagnose.launch.nodes import NodeError
@@ -164,7 +165,7 @@ def launch_command(args) -> int:
     _check_nodes(args)
     try:
         launcher = Launcher(_launch_options_of(args, command))
-    except NodeError as error:
+    except (RunDirError, NodeError) as error:
         raise UsageError(str(error)) from None
     try:
         outcome = run_with_tui(launcher) if args.tui else run_with_live_view(launcher)

@@ -5,6 +5,9 @@ toggles) in its environment, so every process it spawns publishes its state.
 The launcher polls the run dir, runs the analysis, and on a hang dumps every
 rank's stacks and writes the report. It exits with the command's own code
 when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
+
+The run dir is locked for the launcher's life (claim.py), and a guardian
+process ends the job if the launcher dies without doing so (guardian.py).
 """
 from __future__ import annotations
 
@@ -18,14 +21,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-import psutil
-
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.core.vocab import HANG_KINDS
+from diagnose.launch import claim
 from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
 from diagnose.launch.dump import py_spy_all
+from diagnose.launch.guardian import Guardian
+from diagnose.launch.job import end_job
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
@@ -84,11 +88,11 @@ class Launcher:
     def __init__(self, opts: LaunchOptions):
         self.opts = opts
         self.thresholds = opts.thresholds
-        os.makedirs(opts.run_dir, exist_ok=True)
-        clear_run_files(opts.run_dir)  # a reused run dir must not show the last run's ranks
+        self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
         self.proc: subprocess.Popen | None = None
+        self.guardian: Guardian | None = None
         self.reported: set[tuple] = set()
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
@@ -104,6 +108,7 @@ class Launcher:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_end_with_launcher)
+        self.guardian.watch(self.proc.pid)
         threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
         self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
                                          "started_at": time.time(), **_options_json(self.opts)})
@@ -118,27 +123,11 @@ class Launcher:
                     sys.stderr.flush()
 
     def stop(self) -> None:
-        """End the command and every process it started, gracefully first."""
+        """End the command and every process of its job, gracefully first."""
         if self.proc is None:
             return
-        group = self._process_group()
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
-        _, alive = psutil.wait_procs(group, timeout=STOP_GRACE_S)
-        for leftover in alive:
-            leftover.kill()
-
-    def _process_group(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
 
     # -- watching ---------------------------------------------------------
     def poll(self) -> list[Verdict]:
@@ -156,8 +145,9 @@ class Launcher:
 
     def run(self, on_update=lambda launcher: None) -> Outcome:
         """Start the command and watch it until it ends, a hang ends it, or stop()."""
-        self.start()
+        self.guardian = Guardian(self.opts.run_dir, self.lock_fd)
         try:
+            self.start()
             while self.proc.poll() is None:
                 if self._restart.is_set():
                     self._restart_command()
@@ -177,6 +167,7 @@ class Launcher:
         finally:
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
+            self.guardian.release()
 
     def _end(self, exit_code: int, stopped: bool) -> Outcome:
         self.role.end(exit_code, stopped)
@@ -201,7 +192,7 @@ class Launcher:
     def _restart_command(self) -> None:
         self._restart.clear()
         self.stop()
-        clear_run_files(self.opts.run_dir)
+        claim.clear_run_files(self.opts.run_dir)
         self.collector = Collector(self.opts.run_dir)
         self.reported.clear()
         self.start()
@@ -250,30 +241,15 @@ class Launcher:
             json.dump(body, f, indent=1, default=str)
 
 
-def clear_run_files(run_dir: str) -> None:
-    """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
-    for name in os.listdir(run_dir):
-        if (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
-                or name in (EXIT_FILE, "report.json")):
-            os.remove(os.path.join(run_dir, name))
-
-
 def default_run_dir() -> str:
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
 
 
 def _end_with_launcher() -> None:
     """In the child before exec: SIGTERM it if the launcher dies, however it dies
-    (Linux); the engine then shuts its workers down."""
+    (Linux). It reaches this child only; the guardian ends the rest of the job."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _options_json(opts: LaunchOptions) -> dict:
