@@ -1,6 +1,8 @@
 """diag launch owns its run dir and its job: a second launch on a live run dir
-is refused untouched, and a SIGKILLed launcher leaves no process of its job
-behind."""
+is refused untouched; Ctrl-C and SIGTERM stop the run with one line, a report
+and the stop recorded (which diag analyze does not take for a death); and a
+SIGKILLed launcher leaves no process of its job behind."""
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +63,28 @@ def test_a_second_launch_on_a_live_run_dir_is_refused_and_touches_nothing(tmp_pa
                                 f"launch (pid {first.pid}); give another --run-dir"]
     assert driver_started(run_dir) and (run_dir / "launch.json").read_text() == launch_json
     assert first.poll() is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_with_one_line_and_the_stop_recorded(tmp_path, launches, sig):
+    run_dir = tmp_path / "run"
+    launcher = launches("launch", "--run-dir", str(run_dir), "--on-hang", "kill", "--", *STEPS)
+    wait_until(lambda: driver_started(run_dir), what="driver.probe")
+    time.sleep(0.5)
+    launcher.send_signal(sig)
+    _, err = launcher.communicate(timeout=30)
+    name = signal.Signals(sig).name
+    assert launcher.returncode == 128 + sig
+    assert f"diag: stopped by {name}: the command's processes were ended" in err.splitlines()
+    assert "Traceback" not in err
+    ending = json.loads((run_dir / "exit.json").read_text())
+    assert ending["stopped_by"] == name and ending["command_exit"] == -signal.SIGTERM
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stopped_by"] == name and report["verdicts"] == []
+    assert not left_behind(run_dir)
+    again = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir)],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr   # the stop is no death
 
 
 def test_a_sigkilled_launcher_leaves_nothing_of_its_job_behind(tmp_path, launches):

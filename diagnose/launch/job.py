@@ -47,6 +47,11 @@ def end_job(session: int, run_dir: str, grace_s: float,
     _wait_for_end(session, run_dir, KILLED_WAIT_S, command)
 
 
+def shell_code(returncode: int) -> int:
+    """A Popen returncode as a shell reports it: 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _signal_all(processes: list[psutil.Process], sig: int) -> None:
     for process in processes:
         try:

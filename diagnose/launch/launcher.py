@@ -4,7 +4,8 @@ The command runs in a session of its own, with DIAG_RUN_DIR (and the per-rank
 toggles) in its environment, so every process it spawns publishes its state.
 The launcher polls the run dir, runs the analysis, and on a hang dumps every
 rank's stacks and writes the report. It exits with the command's own code
-when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
+when the command ends by itself (128 + N if signal N ended it), with EXIT_HUNG
+when it ended a hung run, and with 128 + N when signal N stopped the launcher.
 
 The run dir is locked for the launcher's life (claim.py), and a guardian
 process ends the job if the launcher dies without doing so (guardian.py).
@@ -23,19 +24,19 @@ from dataclasses import asdict, dataclass, field
 
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
-from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS
 from diagnose.launch import claim
 from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
-from diagnose.launch.job import end_job
+from diagnose.launch.job import end_job, shell_code
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
 
 EXIT_HUNG = 86          # the launcher ended the run because it hung
-EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI)
+EXIT_STOPPED = 130      # the user stopped the run ("stop" in the TUI; Ctrl-C is 128 + SIGINT)
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -84,6 +85,10 @@ def command_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
+class LaunchError(Exception):
+    """The command cannot be started: one line says why."""
+
+
 class Launcher:
     def __init__(self, opts: LaunchOptions):
         self.opts = opts
@@ -100,14 +105,19 @@ class Launcher:
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
         self.stop_code = EXIT_STOPPED
+        self.stopped_by: str | None = None   # why the launcher stopped the command, if it did
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
         log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
-        self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_end_with_launcher)
+        try:
+            self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_end_with_launcher)
+        except OSError as error:
+            log.close()
+            raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
         self.guardian.watch(self.proc.pid)
         threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
         self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
@@ -152,32 +162,55 @@ class Launcher:
                 if self._restart.is_set():
                     self._restart_command()
                 if self._stop.is_set():
-                    return self._end(self.stop_code, stopped=True)
+                    return self._stopped()
                 self.poll()
                 on_update(self)
                 if self.new_hangs() and self.opts.on_hang != "wait" and self.role.judges:
                     self.write_report(dump=True)
                     if self.opts.on_hang == "kill":
-                        return self._end(EXIT_HUNG, stopped=True)
+                        return self._end(EXIT_HUNG, stopped_by="hang")
                 time.sleep(POLL_S)
             self.poll()
             on_update(self)
             self.write_report(dump=False)
-            return self._end(self.proc.returncode, stopped=False)
+            return self._end(shell_code(self.proc.returncode))
         finally:
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
             self.guardian.release()
 
-    def _end(self, exit_code: int, stopped: bool) -> Outcome:
-        self.role.end(exit_code, stopped)
+    def _stopped(self) -> Outcome:
+        """Stopped by a signal, the TUI or the head: the report is written (a hang's
+        report, with its dumps, is kept), and the stop recorded."""
+        if self.snapshot is None:
+            self.poll()
+        if not os.path.exists(self.report_path):
+            self.write_report(dump=False)
+        return self._end(self.stop_code, stopped_by=self.stopped_by)
+
+    def _end(self, exit_code: int, stopped_by: str | None = None) -> Outcome:
+        """exit.json says how the command ended: by itself, or stopped (and then
+        which probed processes the stop ended: the analysis judges a stopped job
+        as it stood then, not by the deaths the stop caused)."""
+        stop = self._stop_record() if stopped_by else None
+        self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
-        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode})
+        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode,
+                                     "stopped_by": stopped_by,
+                                     "stop": None if stop is None else asdict(stop)})
+        if stopped_by:
+            self.add_to_report(command_exit=self.proc.returncode, stopped_by=stopped_by)
         return Outcome(exit_code, self.verdicts, self.report_path)
 
-    # -- the TUI's controller -------------------------------------------
-    def request_stop(self, exit_code: int = EXIT_STOPPED) -> None:
-        self.stop_code = exit_code
+    def _stop_record(self) -> Stop:
+        now = self.collector.snapshot()
+        return Stop(at=now.taken_at, driver=bool(now.driver and now.driver.alive),
+                    ranks=[rank for rank, state in now.ranks.items() if state.alive])
+
+    # -- the TUI's controller, signals, and the head ----------------------
+    def request_stop(self, exit_code: int = EXIT_STOPPED, by: str = "tui") -> None:
+        if not self._stop.is_set():
+            self.stop_code, self.stopped_by = exit_code, by
         self._stop.set()
 
     def toggle_launch_blocking(self, rank: int) -> bool:
@@ -222,11 +255,11 @@ class Launcher:
                 json.dump(body, f, indent=1, default=str)
         return body
 
-    def add_to_report(self, key: str, value) -> None:
-        """One more section in the report already written."""
+    def add_to_report(self, **sections) -> None:
+        """More sections in the report already written."""
         with open(self.report_path) as f:
             body = json.load(f)
-        body[key] = value
+        body.update(sections)
         self._write_json("report.json", body)
         if self.opts.json_report:
             with open(self.opts.json_report, "w") as f:
