@@ -22,6 +22,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+import psutil
+
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
@@ -40,6 +42,7 @@ EXIT_STOPPED = 130      # the user stopped the run ("stop" in the TUI; Ctrl-C is
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
                              "bootstrap")
 
@@ -139,6 +142,23 @@ class Launcher:
         end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
 
+    def _ends_soon(self) -> bool:
+        """Whether the command, whose main thread has exited, ends within
+        ENDING_WAIT_S. Until its process is reaped its exit code is unknown, and
+        its probe's process looks gone already: judged then, a clean exit would
+        read as a death. Tearing down a CUDA context can take seconds."""
+        try:
+            exiting = psutil.Process(self.proc.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            exiting = False
+        if not exiting:
+            return False
+        try:
+            self.proc.wait(timeout=ENDING_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     # -- watching ---------------------------------------------------------
     def poll(self) -> list[Verdict]:
         snapshot = self.collector.snapshot()
@@ -146,12 +166,6 @@ class Launcher:
         self.snapshot = snapshot
         self.role.after_poll(self)
         return self.verdicts
-
-    def new_hangs(self) -> list[Verdict]:
-        fresh = [v for v in self.verdicts if v.kind in HANG_KINDS
-                 and (v.kind, tuple(v.culprit_ranks)) not in self.reported]
-        self.reported.update((v.kind, tuple(v.culprit_ranks)) for v in fresh)
-        return fresh
 
     def run(self, on_update=lambda launcher: None) -> Outcome:
         """Start the command and watch it until it ends, a hang ends it, or stop()."""
@@ -165,11 +179,13 @@ class Launcher:
                     return self._stopped()
                 self.poll()
                 on_update(self)
-                if self.new_hangs() and self.opts.on_hang != "wait" and self.role.judges:
-                    self.write_report(dump=True)
-                    if self.opts.on_hang == "kill":
-                        return self._end(EXIT_HUNG, stopped_by="hang")
+                outcome = self._on_hangs()
+                if outcome is not None:
+                    return outcome
                 time.sleep(POLL_S)
+            # Judged with the exit code known, and by a fresh collector: the last
+            # one takes a heartbeat that moved since its last look for a live process.
+            self.collector = Collector(self.opts.run_dir)
             self.poll()
             on_update(self)
             self.write_report(dump=False)
@@ -178,6 +194,18 @@ class Launcher:
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
             self.guardian.release()
+
+    def _on_hangs(self) -> Outcome | None:
+        """Dumps and reports new hangs; the outcome once they end the run."""
+        fresh = [v for v in self.verdicts
+                 if v.kind in HANG_KINDS and _hang_key(v) not in self.reported]
+        if not fresh or self._ends_soon():
+            return None
+        self.reported.update(map(_hang_key, fresh))
+        if self.opts.on_hang == "wait" or not self.role.judges:
+            return None
+        self.write_report(dump=True)
+        return self._end(EXIT_HUNG, stopped_by="hang") if self.opts.on_hang == "kill" else None
 
     def _stopped(self) -> Outcome:
         """Stopped by a signal, the TUI or the head: the report is written (a hang's
@@ -272,6 +300,10 @@ class Launcher:
     def _write_json(self, name: str, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, name), "w") as f:
             json.dump(body, f, indent=1, default=str)
+
+
+def _hang_key(verdict: Verdict) -> tuple:
+    return verdict.kind, tuple(verdict.culprit_ranks)
 
 
 def default_run_dir() -> str:
