@@ -262,8 +262,12 @@ def add_demo(commands) -> None:
 
 
 def demo_command(args) -> int:
+    from diagnose.launch.claim import RunDirError
     from diagnose.launch.demo import run_demo
-    return run_demo(args.run_dir, use_tui=not args.no_tui)
+    try:
+        return run_demo(args.run_dir, use_tui=not args.no_tui)
+    except RunDirError as error:
+        raise UsageError(str(error)) from None
 
 
 def add_logs(commands) -> None:

@@ -33,6 +33,7 @@ def diag(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess:
     (["dump", "/no/such/run"], "no such file or directory"),
     (["tui", "/no/such/run"], "/no/such/run"),
     (["demo", "--bogus"], "unrecognized arguments"),
+    (["demo", "--no-tui", "--run-dir", "/proc/diag-demo"], "cannot use run dir /proc/diag-demo"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_input_is_one_line(tmp_path, argv, says):

@@ -16,7 +16,7 @@ import psutil
 
 from diagnose import probe
 
-POLL_S = 0.05
+POLL_S = 0.1           # a look at every process on the host costs some 20 ms
 KILLED_WAIT_S = 5.0     # after SIGKILL, for the kernel to take them away
 
 
