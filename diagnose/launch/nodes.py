@@ -4,9 +4,9 @@ The head (`--listen HOST:PORT`) listens on that address only. Every other
 node's launcher is an agent (`--head HOST:PORT --node-rank N`): it connects,
 it and the head prove to each other that they know the shared token
 (DIAG_NODE_TOKEN; the token never crosses the wire), and after each poll it
-sends the ranks its own run dir shows. The head keeps each node's last report in its
-run dir (node-N.json), so its collector merges every node's ranks, live and
-post mortem alike. The head answers each report with its verdicts and, when
+sends the ranks its own run dir shows. The head keeps each node's last report
+in its run dir (node-N.json), so its collector merges every node's ranks, live
+and post mortem alike. The head answers each report with its verdicts and, when
 it wants them, a stacks dump or a stop.
 
 A node whose agent dropped the connection without saying goodbye, or went
