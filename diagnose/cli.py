@@ -7,10 +7,14 @@ Recorder dumps; the content decides which. Flight Recorder dumps are written
 once a job is already stuck, so there every wait counts as a hang unless
 --stall-timeout says otherwise; a run dir uses the learned limits (auto).
 
-Exit codes:
+Exit codes of diag analyze (and logs):
     0   analysed: no verdict (healthy)
     1   analysed: at least one verdict (hang, death, mismatch or straggler)
     2   bad usage or unreadable input; one line on stderr says why
+    3   diag itself failed (a bug): one line, the traceback with DIAG_DEBUG=1
+diag launch exits with the command's own code (128 + N when signal N ended it),
+86 when it ended a hung run, 128 + N when signal N stopped it (130: Ctrl-C, or
+"stop" in the TUI), and 2 or 3 as above.
 
 A subcommand is a function that adds its parser to `commands` and sets
 `run` to the function that carries it out; add it to SUBCOMMANDS.
@@ -22,13 +26,24 @@ import json
 import os
 import signal
 import sys
+import traceback
 
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.probe import rank_env
 from diagnose.probe.faults import parse_faults
 from diagnose.probe.marks import parse_mark
 
-EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR = 0, 1, 2
+EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+DEBUG_VAR = "DIAG_DEBUG"
+MIN_LAUNCH_STALL_S = 0.5   # below it, diag launch would call a healthy run hung
+EXIT_CODES = """exit codes:
+  0      analyze, logs: healthy
+  1      analyze, logs: verdicts found
+  2      bad input; one line on stderr says why
+  3      diag itself failed (a bug); DIAG_DEBUG=1 shows the traceback
+  launch: the command's own code (128+N when signal N ended it), 86 when it
+  ended a hung run, 128+N when signal N stopped it (130: Ctrl-C or the TUI's stop)"""
 
 
 class UsageError(Exception):
@@ -79,7 +94,17 @@ def _flag_value(flag: str, parse, keep_text: bool = True):
     return value
 
 
+def _launch_thresholds(text: str) -> Thresholds:
+    thresholds = Thresholds.parse(text)
+    if thresholds.stall_s is not None and thresholds.stall_s < MIN_LAUNCH_STALL_S:
+        raise ValueError(f"--stall-timeout must be 'auto' or at least {MIN_LAUNCH_STALL_S:g} s "
+                         f"for diag launch (less calls a healthy run hung at its first slow "
+                         f"step), not {text!r}")
+    return thresholds
+
+
 _thresholds = _flag_value("--stall-timeout", Thresholds.parse, keep_text=False)
+_launch_stall = _flag_value("--stall-timeout", _launch_thresholds, keep_text=False)
 _ranks = _flag_value("--launch-blocking", rank_env.parse_ranks)
 _fault = _flag_value("--fault", parse_faults, keep_text=False)
 _mark = _flag_value("--mark", parse_mark)
@@ -117,7 +142,9 @@ def tui_command(args) -> int:
 
 def add_launch(commands) -> None:
     parser = commands.add_parser("launch", help="run a command with probes on in every rank; "
-                                                "name the culprit when it hangs")
+                                                "name the culprit when it hangs",
+                                 epilog=EXIT_CODES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _launch_options(parser)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the command to run, after --")
@@ -127,8 +154,9 @@ def add_launch(commands) -> None:
 def _launch_options(parser) -> None:
     a = parser.add_argument
     a("--run-dir", help="where probes, dumps and the report go (default: runs/<time>)")
-    a("--stall-timeout", default="auto", metavar="SECONDS|auto", type=_thresholds,
-      help="seconds without progress that make a hang (default: auto, learned from the run)")
+    a("--stall-timeout", default="auto", metavar="SECONDS|auto", type=_launch_stall,
+      help=f"seconds without progress that make a hang, at least {MIN_LAUNCH_STALL_S:g} "
+           f"(default: auto, learned from the run)")
     a("--on-hang", choices=["report", "kill", "wait"], default="report",
       help="on a hang: dump and report, then keep running (report); also end the run (kill); "
            "only watch (wait)")
@@ -154,7 +182,8 @@ def _launch_options(parser) -> None:
 
 
 def launch_command(args) -> int:
-    from diagnose.launch.launcher import Launcher
+    from diagnose.launch.claim import RunDirError
+    from diagnose.launch.launcher import LaunchError, Launcher
     from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
     from diagnose.launch.nodes import NodeError
 
@@ -164,13 +193,8 @@ def launch_command(args) -> int:
     _check_nodes(args)
     try:
         launcher = Launcher(_launch_options_of(args, command))
-    except NodeError as error:
-        raise UsageError(str(error)) from None
-    try:
         outcome = run_with_tui(launcher) if args.tui else run_with_live_view(launcher)
-    except FileNotFoundError as error:
-        raise UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
-    except NodeError as error:    # the head refused this node
+    except (RunDirError, LaunchError, NodeError) as error:  # NodeError: the head refused us
         raise UsageError(str(error)) from None
     print_outcome(launcher, outcome)
     if args.relaunch_on_cuda_error:
@@ -238,8 +262,12 @@ def add_demo(commands) -> None:
 
 
 def demo_command(args) -> int:
+    from diagnose.launch.claim import RunDirError
     from diagnose.launch.demo import run_demo
-    return run_demo(args.run_dir, use_tui=not args.no_tui)
+    try:
+        return run_demo(args.run_dir, use_tui=not args.no_tui)
+    except RunDirError as error:
+        raise UsageError(str(error)) from None
 
 
 def add_logs(commands) -> None:
@@ -326,7 +354,8 @@ SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_demo, add_tui, add_logs, a
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="diag", description="Find the rank at the root of a hang in "
-                                              "tensor- and pipeline-parallel LLM serving.")
+                                              "tensor- and pipeline-parallel LLM serving.",
+                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_Parser)
     for add in SUBCOMMANDS:
@@ -350,6 +379,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                  # the reader went away (diag ... | head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("diag: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:               # a bug of diag's own: never read as verdicts
+        if os.environ.get(DEBUG_VAR):
+            traceback.print_exc()
+        print(f"diag: internal error: {type(error).__name__}: {error} (a bug in diag: please "
+              f"report it, with the traceback {DEBUG_VAR}=1 shows)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

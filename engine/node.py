@@ -6,14 +6,14 @@ rendezvous at tcp://MASTER_ADDR:MASTER_PORT; the relays connect to the head at
 MASTER_ADDR:MASTER_PORT+1.
 
 Every node must hold the same secret in ENGINE_NODE_TOKEN. Before a single
-object crosses a link, each end proves that it knows the token with the HMAC
-challenge-response of multiprocessing.connection (what its Listener and Client
-do with an authkey). Until then the head reads messages of at most 256 bytes,
-unpickles nothing, and gives the whole handshake HANDSHAKE_TIMEOUT_S: anything
-else that connects (a port scan, an HTTP request, a slow peer, a wrong token)
-is dropped with one line on the head's stderr, and the head waits on for its
-nodes. Past the handshake a peer is trusted: messages are length-prefixed
-pickles of at most MAX_MESSAGE_BYTES, each read within MESSAGE_TIMEOUT_S.
+object crosses a link, each end proves that it knows the token
+(diagnose/core/link.py: an HMAC challenge-response each way). Until then the
+head reads messages of at most 256 bytes, unpickles nothing, and gives the
+whole handshake HANDSHAKE_TIMEOUT_S: anything else that connects (a port scan,
+an HTTP request, a slow peer, a wrong token) is dropped with one line on the
+head's stderr, and the head waits on for its nodes. Past the handshake a peer
+is trusted: messages are pickles of at most MAX_MESSAGE_BYTES, each sent or
+read within MESSAGE_TIMEOUT_S.
 
     node -> head   ("join", node_rank, fingerprint)
     head -> node   ("ok", config, device, dtype)  or  ("error", message)
@@ -27,24 +27,23 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import struct
 import sys
 import time
 from contextlib import closing
-from multiprocessing.connection import AuthenticationError, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import wait
 
 import torch
 
+from diagnose.core.link import Codec, HandshakeError, Limits, Link
 from engine.config import EngineConfig
 from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
 
 TOKEN_VAR = "ENGINE_NODE_TOKEN"
 MIN_TOKEN_CHARS = 8
 HANDSHAKE_TIMEOUT_S = 5.0
-MESSAGE_TIMEOUT_S = 30.0           # from the moment a message is read
+MESSAGE_TIMEOUT_S = 30.0           # from the moment a message is sent or read
 MAX_MESSAGE_BYTES = 256 << 20
 RETRY_CONNECT_S = 0.2
-_LENGTH = struct.Struct("!I")
 
 
 class NodeError(RuntimeError):
@@ -61,61 +60,10 @@ def node_token() -> bytes:
 
 # -- the link ------------------------------------------------------------------
 
-class Link:
-    """One end of a node link: length-prefixed messages over TCP, every read bounded
-    in size and in time. While `deadline` is set (the handshake) every send and read
-    must end by then; after it, a read must end within MESSAGE_TIMEOUT_S.
-
-    send_bytes / recv_bytes(maxlength) are what multiprocessing.connection's
-    challenge-response needs of a connection; send / recv carry pickles, and only
-    run once the handshake has authenticated the peer."""
-
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock = sock
-        self.deadline: float | None = deadline
-
-    def fileno(self) -> int:
-        """For multiprocessing.connection.wait."""
-        return self.sock.fileno()
-
-    def send_bytes(self, data: bytes) -> None:
-        self.sock.settimeout(None if self.deadline is None else self._left(self.deadline))
-        self.sock.sendall(_LENGTH.pack(len(data)) + data)
-
-    def recv_bytes(self, maxlength: int) -> bytes:
-        """The next message; EOFError when the peer closed the link, TimeoutError when
-        it was too slow, OSError when the message is longer than maxlength."""
-        deadline = time.monotonic() + MESSAGE_TIMEOUT_S if self.deadline is None else self.deadline
-        (length,) = _LENGTH.unpack(self._read(_LENGTH.size, deadline))
-        if length > maxlength:
-            raise OSError(f"a message of {length} bytes, over the {maxlength} allowed")
-        return self._read(length, deadline)
-
-    def send(self, message: tuple) -> None:
-        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def recv(self) -> tuple:
-        return pickle.loads(self.recv_bytes(MAX_MESSAGE_BYTES))
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _read(self, size: int, deadline: float) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            self.sock.settimeout(self._left(deadline))
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise EOFError("the connection closed")
-            data += chunk
-        return bytes(data)
-
-    @staticmethod
-    def _left(deadline: float) -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("timed out")
-        return left
+LIMITS = Limits(handshake_s=HANDSHAKE_TIMEOUT_S, message_s=MESSAGE_TIMEOUT_S,
+                max_bytes=MAX_MESSAGE_BYTES)
+PICKLES = Codec(lambda message: pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL),
+                pickle.loads)
 
 
 def fingerprint(config: EngineConfig) -> str:
@@ -219,24 +167,15 @@ def _accept(server: socket.socket, deadline: float, config: EngineConfig,
 def _authenticate(sock: socket.socket, peer: tuple, key: bytes) -> Link | None:
     """The link to a peer that proved it knows the token (and saw that the head does);
     None for any other connection, which is closed and named on stderr."""
-    link = Link(sock, time.monotonic() + HANDSHAKE_TIMEOUT_S)
+    link = Link(sock, PICKLES, LIMITS)
     try:
-        deliver_challenge(link, key)
-        answer_challenge(link, key)
-    except (AuthenticationError, EOFError, OSError) as error:
-        link.close()
-        print(f"the head refused a node link from {peer[0]}:{peer[1]}: {_refusal(error)}",
+        link.authenticate(key, challenge_first=True)
+    except HandshakeError as error:
+        reason = f"wrong {TOKEN_VAR}" if error.wrong_key else str(error)
+        print(f"the head refused a node link from {peer[0]}:{peer[1]}: {reason}",
               file=sys.stderr, flush=True)
         return None
     return link
-
-
-def _refusal(error: Exception) -> str:
-    if isinstance(error, AuthenticationError):
-        return f"wrong {TOKEN_VAR}"
-    if isinstance(error, TimeoutError):
-        return f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s"
-    return str(error)
 
 
 def _admit(link: Link, config: EngineConfig, joined: dict, welcome: tuple) -> int | None:
@@ -257,7 +196,7 @@ def _admit(link: Link, config: EngineConfig, joined: dict, welcome: tuple) -> in
         link.close()
         raise NodeError(error)
     link.send(welcome)
-    link.deadline = None
+    link.settle()
     return node_rank
 
 
@@ -295,16 +234,18 @@ def _join(config: EngineConfig, key: bytes) -> tuple[Link, tuple]:
     host, port = link_address(config)
     deadline = time.monotonic() + config.node_timeout
     sock = _connect(host, port, deadline, config)
-    link = Link(sock, max(deadline, time.monotonic() + HANDSHAKE_TIMEOUT_S))
+    link = Link(sock, PICKLES, LIMITS,
+                handshake_s=max(deadline - time.monotonic(), HANDSHAKE_TIMEOUT_S))
     try:
-        answer_challenge(link, key)
-        deliver_challenge(link, key)
+        link.authenticate(key, challenge_first=False)
         link.send(("join", config.node_rank, fingerprint(config)))
         kind, *body = link.recv()
-    except AuthenticationError:
-        link.close()
-        raise NodeError(f"the head at {host}:{port} and node {config.node_rank} have different "
-                        f"{TOKEN_VAR}s; set the same token on every node") from None
+    except HandshakeError as error:
+        if error.wrong_key:
+            raise NodeError(f"the head at {host}:{port} and node {config.node_rank} have "
+                            f"different {TOKEN_VAR}s; set the same token on every node") from None
+        raise NodeError(f"the head at {host}:{port} did not accept node {config.node_rank}: "
+                        f"{error}") from None
     except (EOFError, OSError) as error:
         link.close()
         raise NodeError(f"the head at {host}:{port} did not accept node {config.node_rank}: "
@@ -312,7 +253,7 @@ def _join(config: EngineConfig, key: bytes) -> tuple[Link, tuple]:
     if kind == "error":
         link.close()
         raise NodeError(body[0])
-    link.deadline = None
+    link.settle()
     return link, body
 
 

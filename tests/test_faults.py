@@ -31,8 +31,10 @@ def test_specs_parse_and_print_back():
     ("rank=1,at=fwd,kind=hang", "unknown phase 'fwd'"),
     ("rank=1,at=forward,step=x,kind=hang", "step must be a number"),
     ("rank=1,at=forward,kind=explode", "unknown kind 'explode'"),
-    ("rank=1,at=forward,kind=sleep:soon", "sleep needs seconds > 0"),
-    ("rank=1,at=forward,kind=sleep", "sleep needs seconds > 0"),
+    ("rank=1,at=forward,kind=sleep:soon", "sleep needs a finite number of seconds > 0"),
+    ("rank=1,at=forward,kind=sleep", "sleep needs a finite number of seconds > 0"),
+    ("rank=1,at=forward,kind=sleep:inf", "sleep needs a finite number of seconds > 0"),
+    ("rank=1,at=forward,kind=sleep:nan", "sleep needs a finite number of seconds > 0"),
     ("rank=1,at=forward,kind=exit:300", "exit needs a code 0..255"),
     ("rank=1,at=forward,kind=hang:3", "kind hang takes no argument"),
 ])

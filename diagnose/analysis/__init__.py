@@ -27,9 +27,10 @@ host returns from a collective once it is enqueued: a call the device has not
 finished still counts as unfinished, and a rank whose GPU has not even reached
 it waits on no one but its own GPU (`gpu_stuck`). A job that hung and was then
 stopped is judged as it stood just before its first death (timeline.py), so
-the hang, not the kill, is named. In a multi-node job, a node whose agent went
-silent is `node_lost`: the verdicts that blame its ranks, whose state is stale,
-give way to that one.
+the hang, not the kill, is named; a job diag launch stopped (exit.json says
+when) is judged as it stood when the stop began, so the stop is no death. In
+a multi-node job, a node whose agent went silent is `node_lost`: the verdicts
+that blame its ranks, whose state is stale, give way to that one.
 
 The driver is not a rank: where it is a culprit or a victim, verdicts say so
 in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
@@ -47,13 +48,15 @@ from diagnose.analysis.graph import wait_for_graph
 from diagnose.analysis.roots import root_verdicts
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
-from diagnose.analysis.timeline import recent, rewind
+from diagnose.analysis.timeline import at_stop, recent, rewind
 from diagnose.analysis.view import View, shutdown_starts
 from diagnose.core.snapshot import Snapshot, Verdict
 
 
 def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
     """Verdicts, the most likely root cause first; an empty list means healthy."""
+    if snapshot.stop is not None:
+        snapshot = at_stop(snapshot)
     verdicts = _judge(recent(snapshot), thresholds or Thresholds())
     lost = [node for node in snapshot.nodes if node.lost]
     return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts

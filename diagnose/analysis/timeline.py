@@ -1,5 +1,6 @@
 """Which part of a snapshot's history is judged: each rank's recent records, and
-the job as it stood at an earlier moment (just before the first death)."""
+the job as it stood at an earlier moment (just before the first death, or when
+diag launch began to stop it)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -41,6 +42,23 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
     driver = state_at(snapshot.driver) if snapshot.driver is not None else None
     return replace(snapshot, taken_at=when, driver=driver, command_exit=None,
                    ranks={rank: state_at(state) for rank, state in snapshot.ranks.items()})
+
+
+def at_stop(snapshot: Snapshot) -> Snapshot:
+    """A job diag launch stopped, as it stood when the stop began: the processes
+    the stop ended ran then; those that had ended before are as they are."""
+    stop = snapshot.stop
+    judged = rewind(snapshot, stop.at)
+
+    def as_before(state: RankState, rewound: RankState, ran: bool) -> RankState:
+        return rewound if ran else replace(rewound, alive=state.alive)
+
+    driver = snapshot.driver
+    if driver is not None:
+        driver = as_before(driver, judged.driver, stop.driver)
+    return replace(judged, driver=driver, stop=None, ranks={
+        rank: as_before(state, judged.ranks[rank], rank in stop.ranks)
+        for rank, state in snapshot.ranks.items()})
 
 
 def _record_at(record: CollectiveRecord, when: float) -> CollectiveRecord:

@@ -142,7 +142,10 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
     """Dead processes, each dated by its last heartbeat: the driver notices a
     worker's exit only when it next looks, and notes only the first it finds.
     The driver's own exit code is the wrapped command's. When the command
-    ended with 0, a process that is gone simply finished."""
+    ended with 0, a process that is gone simply finished. A driver whose
+    interpreter ended normally is judged by the command's exit code, once
+    known: until then it may have ended with 0 (before a shell around it, or
+    while the kernel tears its process down)."""
     if snapshot.command_exit == 0:
         return {}
     exits = {}
@@ -157,7 +160,8 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
         elif not state.alive and not stopping and not exited_cleanly(state):
             deaths[rank] = Death(rank, state.heartbeat_at, None)
     driver = snapshot.driver
-    if driver is not None and not driver.alive:
+    if driver is not None and not driver.alive and (snapshot.command_exit is not None
+                                                    or not exited_cleanly(driver)):
         deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
     return deaths
 

@@ -113,12 +113,22 @@ class NodeState:
 
 
 @dataclass
+class Stop:
+    """diag launch stopped the command: when it began to, and which of the probed
+    processes still ran then (the others had ended before)."""
+    at: float
+    ranks: list[int]
+    driver: bool
+
+
+@dataclass
 class Snapshot:
     taken_at: float
     run_dir: str
     ranks: dict[int, RankState]
     driver: RankState | None = None
     command_exit: int | None = None  # the wrapped command's exit code, once it ended
+    stop: Stop | None = None         # set when diag launch stopped the command
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
 

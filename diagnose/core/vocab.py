@@ -28,7 +28,7 @@ class Phase(Name):
     SCHEDULE = "schedule"
     UPDATE_FROM_OUTPUT = "update_from_output"
     SHUTDOWN = "shutdown"
-    # generic mode: a process that ended normally enters it last
+    # every probe: a process that ended normally enters it last
     EXIT = "exit"
 
 

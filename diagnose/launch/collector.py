@@ -16,7 +16,7 @@ import time
 import psutil
 
 from diagnose.core import runfile
-from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot
+from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot, Stop
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
 
@@ -52,20 +52,24 @@ class Collector:
                                   f"appears twice, skipped")
             else:
                 ranks[state.identity.rank] = state
+        command_exit, stop = self._command_exit()
         snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
-                            command_exit=self._command_exit())
+                            command_exit=command_exit, stop=stop)
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
         self.notes += notes
         return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
 
-    def _command_exit(self) -> int | None:
-        """The wrapped command's exit code, once `diag launch` has seen it end."""
+    def _command_exit(self) -> tuple[int | None, Stop | None]:
+        """The wrapped command's exit code, once `diag launch` has seen it end, and
+        the stop, if diag launch stopped it."""
         try:
             with open(os.path.join(self.run_dir, EXIT_FILE)) as f:
-                return int(json.load(f)["command_exit"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+                ending = json.load(f)
+            stop = ending.get("stop")
+            return int(ending["command_exit"]), None if stop is None else Stop(**stop)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None, None
 
     def _read(self, path: str) -> RankState | None:
         try:

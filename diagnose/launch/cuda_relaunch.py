@@ -172,7 +172,7 @@ def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
             "device_assert": device_assert[0] if device_assert else None,
             "first_run": error_site(launcher.opts.run_dir, rank, output),
             "launch_blocking_run": blocking, "launch_blocking_report": outcome.report_path}
-    launcher.add_to_report("cuda_error", body)
+    launcher.add_to_report(cuda_error=body)
     report.render_cuda_error(body)
     return outcome
 

@@ -22,9 +22,9 @@ def run_demo(run_dir: str | None, use_tui: bool) -> int:
     tui = use_tui and sys.stdout.isatty()
     opts = LaunchOptions(command=[sys.executable, *DEMO_COMMAND], run_dir=run_dir,
                          on_hang="report" if tui else "kill", faults=[DEMO_FAULT])
+    launcher = Launcher(opts)
     print(f"diag demo: tiny-llama, tp=2 pp=4, 8 worker processes on the CPU; injected fault "
           f"{DEMO_FAULT}; run dir {run_dir}", file=sys.stderr)
-    launcher = Launcher(opts)
     outcome = run_with_tui(launcher, stop_on_exit=True) if tui else run_with_live_view(launcher)
     print_outcome(launcher, outcome)
     found = any(v.kind == VerdictKind.NEVER_REACHED and v.culprit_ranks == [6] for v in outcome.verdicts)

@@ -4,7 +4,11 @@ The command runs in a session of its own, with DIAG_RUN_DIR (and the per-rank
 toggles) in its environment, so every process it spawns publishes its state.
 The launcher polls the run dir, runs the analysis, and on a hang dumps every
 rank's stacks and writes the report. It exits with the command's own code
-when the command ends by itself, and with EXIT_HUNG when it ended a hung run.
+when the command ends by itself (128 + N if signal N ended it), with EXIT_HUNG
+when it ended a hung run, and with 128 + N when signal N stopped the launcher.
+
+The run dir is locked for the launcher's life (claim.py), and a guardian
+process ends the job if the launcher dies without doing so (guardian.py).
 """
 from __future__ import annotations
 
@@ -22,19 +26,23 @@ import psutil
 
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
-from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS
+from diagnose.launch import claim
 from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
 from diagnose.launch.dump import py_spy_all
+from diagnose.launch.guardian import Guardian
+from diagnose.launch.job import end_job, shell_code
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
 
 EXIT_HUNG = 86          # the launcher ended the run because it hung
-EXIT_STOPPED = 130      # the user stopped the run (Ctrl-C, or "stop" in the TUI)
+EXIT_STOPPED = 130      # the user stopped the run ("stop" in the TUI; Ctrl-C is 128 + SIGINT)
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
                              "bootstrap")
 
@@ -80,15 +88,19 @@ def command_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
+class LaunchError(Exception):
+    """The command cannot be started: one line says why."""
+
+
 class Launcher:
     def __init__(self, opts: LaunchOptions):
         self.opts = opts
         self.thresholds = opts.thresholds
-        os.makedirs(opts.run_dir, exist_ok=True)
-        clear_run_files(opts.run_dir)  # a reused run dir must not show the last run's ranks
+        self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
         self.proc: subprocess.Popen | None = None
+        self.guardian: Guardian | None = None
         self.reported: set[tuple] = set()
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
@@ -96,14 +108,20 @@ class Launcher:
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
         self.stop_code = EXIT_STOPPED
+        self.stopped_by: str | None = None   # why the launcher stopped the command, if it did
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
         log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
-        self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_end_with_launcher)
+        try:
+            self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_end_with_launcher)
+        except OSError as error:
+            log.close()
+            raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
+        self.guardian.watch(self.proc.pid)
         threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
         self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
                                          "started_at": time.time(), **_options_json(self.opts)})
@@ -118,27 +136,28 @@ class Launcher:
                     sys.stderr.flush()
 
     def stop(self) -> None:
-        """End the command and every process it started, gracefully first."""
+        """End the command and every process of its job, gracefully first."""
         if self.proc is None:
             return
-        group = self._process_group()
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
-        _, alive = psutil.wait_procs(group, timeout=STOP_GRACE_S)
-        for leftover in alive:
-            leftover.kill()
 
-    def _process_group(self) -> list[psutil.Process]:
+    def _ends_soon(self) -> bool:
+        """Whether the command, whose main thread has exited, ends within
+        ENDING_WAIT_S. Until its process is reaped its exit code is unknown, and
+        its probe's process looks gone already: judged then, a clean exit would
+        read as a death. Tearing down a CUDA context can take seconds."""
         try:
-            root = psutil.Process(self.proc.pid)
-            return [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
+            exiting = psutil.Process(self.proc.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            exiting = False
+        if not exiting:
+            return False
+        try:
+            self.proc.wait(timeout=ENDING_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     # -- watching ---------------------------------------------------------
     def poll(self) -> list[Verdict]:
@@ -148,45 +167,78 @@ class Launcher:
         self.role.after_poll(self)
         return self.verdicts
 
-    def new_hangs(self) -> list[Verdict]:
-        fresh = [v for v in self.verdicts if v.kind in HANG_KINDS
-                 and (v.kind, tuple(v.culprit_ranks)) not in self.reported]
-        self.reported.update((v.kind, tuple(v.culprit_ranks)) for v in fresh)
-        return fresh
-
     def run(self, on_update=lambda launcher: None) -> Outcome:
         """Start the command and watch it until it ends, a hang ends it, or stop()."""
-        self.start()
+        self.guardian = Guardian(self.opts.run_dir, self.lock_fd)
         try:
+            self.start()
             while self.proc.poll() is None:
                 if self._restart.is_set():
                     self._restart_command()
                 if self._stop.is_set():
-                    return self._end(self.stop_code, stopped=True)
+                    return self._stopped()
                 self.poll()
                 on_update(self)
-                if self.new_hangs() and self.opts.on_hang != "wait" and self.role.judges:
-                    self.write_report(dump=True)
-                    if self.opts.on_hang == "kill":
-                        return self._end(EXIT_HUNG, stopped=True)
+                outcome = self._on_hangs()
+                if outcome is not None:
+                    return outcome
                 time.sleep(POLL_S)
+            # Judged with the exit code known, and by a fresh collector: the last
+            # one takes a heartbeat that moved since its last look for a live process.
+            self.collector = Collector(self.opts.run_dir)
             self.poll()
             on_update(self)
             self.write_report(dump=False)
-            return self._end(self.proc.returncode, stopped=False)
+            return self._end(shell_code(self.proc.returncode))
         finally:
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
+            self.guardian.release()
 
-    def _end(self, exit_code: int, stopped: bool) -> Outcome:
-        self.role.end(exit_code, stopped)
+    def _on_hangs(self) -> Outcome | None:
+        """Dumps and reports new hangs; the outcome once they end the run."""
+        fresh = [v for v in self.verdicts
+                 if v.kind in HANG_KINDS and _hang_key(v) not in self.reported]
+        if not fresh or self._ends_soon():
+            return None
+        self.reported.update(map(_hang_key, fresh))
+        if self.opts.on_hang == "wait" or not self.role.judges:
+            return None
+        self.write_report(dump=True)
+        return self._end(EXIT_HUNG, stopped_by="hang") if self.opts.on_hang == "kill" else None
+
+    def _stopped(self) -> Outcome:
+        """Stopped by a signal, the TUI or the head: the report is written (a hang's
+        report, with its dumps, is kept), and the stop recorded."""
+        if self.snapshot is None:
+            self.poll()
+        if not os.path.exists(self.report_path):
+            self.write_report(dump=False)
+        return self._end(self.stop_code, stopped_by=self.stopped_by)
+
+    def _end(self, exit_code: int, stopped_by: str | None = None) -> Outcome:
+        """exit.json says how the command ended: by itself, or stopped (and then
+        which probed processes the stop ended: the analysis judges a stopped job
+        as it stood then, not by the deaths the stop caused)."""
+        stop = self._stop_record() if stopped_by else None
+        self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
-        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode})
+        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode,
+                                     "stopped_by": stopped_by,
+                                     "stop": None if stop is None else asdict(stop)})
+        if stopped_by:
+            self.add_to_report(command_exit=self.proc.returncode, stopped_by=stopped_by)
         return Outcome(exit_code, self.verdicts, self.report_path)
 
-    # -- the TUI's controller -------------------------------------------
-    def request_stop(self, exit_code: int = EXIT_STOPPED) -> None:
-        self.stop_code = exit_code
+    def _stop_record(self) -> Stop:
+        now = self.collector.snapshot()
+        return Stop(at=now.taken_at, driver=bool(now.driver and now.driver.alive),
+                    ranks=[rank for rank, state in now.ranks.items() if state.alive])
+
+    # -- the TUI's controller, signals, and the head ----------------------
+    def request_stop(self, exit_code: int = EXIT_STOPPED, by: str = "tui") -> None:
+        if not self._stop.is_set():
+            self.stop_code, self.stopped_by = exit_code, by
         self._stop.set()
 
     def toggle_launch_blocking(self, rank: int) -> bool:
@@ -201,7 +253,7 @@ class Launcher:
     def _restart_command(self) -> None:
         self._restart.clear()
         self.stop()
-        clear_run_files(self.opts.run_dir)
+        claim.clear_run_files(self.opts.run_dir)
         self.collector = Collector(self.opts.run_dir)
         self.reported.clear()
         self.start()
@@ -231,11 +283,11 @@ class Launcher:
                 json.dump(body, f, indent=1, default=str)
         return body
 
-    def add_to_report(self, key: str, value) -> None:
-        """One more section in the report already written."""
+    def add_to_report(self, **sections) -> None:
+        """More sections in the report already written."""
         with open(self.report_path) as f:
             body = json.load(f)
-        body[key] = value
+        body.update(sections)
         self._write_json("report.json", body)
         if self.opts.json_report:
             with open(self.opts.json_report, "w") as f:
@@ -250,12 +302,8 @@ class Launcher:
             json.dump(body, f, indent=1, default=str)
 
 
-def clear_run_files(run_dir: str) -> None:
-    """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
-    for name in os.listdir(run_dir):
-        if (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
-                or name in (EXIT_FILE, "report.json")):
-            os.remove(os.path.join(run_dir, name))
+def _hang_key(verdict: Verdict) -> tuple:
+    return verdict.kind, tuple(verdict.culprit_ranks)
 
 
 def default_run_dir() -> str:
@@ -264,16 +312,9 @@ def default_run_dir() -> str:
 
 def _end_with_launcher() -> None:
     """In the child before exec: SIGTERM it if the launcher dies, however it dies
-    (Linux); the engine then shuts its workers down."""
+    (Linux). It reaches this child only; the guardian ends the rest of the job."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _options_json(opts: LaunchOptions) -> dict:

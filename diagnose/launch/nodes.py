@@ -2,37 +2,42 @@
 
 The head (`--listen HOST:PORT`) listens on that address only. Every other
 node's launcher is an agent (`--head HOST:PORT --node-rank N`): it connects,
-proves it knows the shared token (DIAG_NODE_TOKEN), and after each poll sends
-the ranks its own run dir shows. The head keeps each node's last report in its
-run dir (node-N.json), so its collector merges every node's ranks, live and
-post mortem alike. The head answers each report with its verdicts and, when
+it and the head prove to each other that they know the shared token
+(DIAG_NODE_TOKEN; the token never crosses the wire), and after each poll it
+sends the ranks its own run dir shows. The head keeps each node's last report
+in its run dir (node-N.json), so its collector merges every node's ranks, live
+and post mortem alike. The head answers each report with its verdicts and, when
 it wants them, a stacks dump or a stop.
 
 A node whose agent dropped the connection without saying goodbye, or went
 silent, is lost: the analysis names the node (`node_lost`) instead of judging
 its ranks by a state that is no longer news.
 
-Messages are JSON behind a 4-byte length.
+Messages are JSON over diagnose/core/link.py's authenticated link. The head
+keeps at most MAX_PENDING connections in their handshake (a few bytes each,
+HANDSHAKE_S at most) and one per node after it; anything else that connects is
+closed with one line on the head's stderr.
 """
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import socket
-import struct
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from diagnose.core.link import Codec, HandshakeError, Limits, Link
 from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
 LOST_AFTER_S = 3.0          # an agent silent this long is lost
 JOIN_GRACE_S = 30.0         # an expected node that never reported is lost after this
-REPLY_TIMEOUT_S = 5.0
-MAX_MESSAGE = 256 << 20
-LENGTH = struct.Struct("!I")
+HANDSHAKE_S = 5.0
+MESSAGE_S = 10.0            # an agent reports every poll: silent this long, it is dropped
+MAX_PENDING = 8             # connections in their handshake at once
+LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=MESSAGE_S, max_bytes=256 << 20)
 
 
 class NodeError(Exception):
@@ -46,47 +51,26 @@ def parse_address(text: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def token_from_env() -> str:
+def token_from_env() -> bytes:
     token = os.environ.get(TOKEN_VAR, "")
     if len(token) < 8:
         raise NodeError(f"a multi-node launch needs the shared token in {TOKEN_VAR} "
                         f"(8 characters or more), the same on every node")
-    return token
+    return token.encode()
 
 
 def node_file(run_dir: str, node_rank: int) -> str:
     return os.path.join(run_dir, f"node-{node_rank}.json")
 
 
-# -- framing -------------------------------------------------------------------
-
-def send_message(sock: socket.socket, body: dict) -> None:
-    data = json.dumps(body, default=str).encode()
-    sock.sendall(LENGTH.pack(len(data)) + data)
-
-
-def recv_message(sock: socket.socket) -> dict:
-    (size,) = LENGTH.unpack(_recv_exactly(sock, LENGTH.size))
-    if size > MAX_MESSAGE:
-        raise ConnectionError(f"message of {size} bytes")
-    try:
-        body = json.loads(_recv_exactly(sock, size))
-    except ValueError:
-        raise ConnectionError("message is not JSON") from None
+def _decode(data: bytes) -> dict:
+    body = json.loads(data)
     if not isinstance(body, dict):
-        raise ConnectionError("message is not a JSON object")
+        raise ValueError("a message that is not a JSON object")
     return body
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+JSON = Codec(lambda body: json.dumps(body, default=str).encode(), _decode)
 
 
 # -- the head ------------------------------------------------------------------
@@ -107,12 +91,14 @@ class NodeReport:
 
 
 class NodeHub:
-    """The head's listener: one thread per agent, each report kept in the run dir."""
+    """The head's listener: one thread per connection, each report kept in the run dir."""
 
-    def __init__(self, listen: str, token: str, run_dir: str, nnodes: int):
+    def __init__(self, listen: str, key: bytes, run_dir: str, nnodes: int):
         self.address = parse_address(listen, "--listen")
-        self.token, self.run_dir = token, run_dir
+        self.key, self.run_dir = key, run_dir
         self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
+        self.links: dict[int, Link] = {}  # node rank -> its agent's authenticated link
+        self.pending = 0                  # connections in their handshake
         self.verdicts: list[dict] = []   # the head's latest, sent back to every agent
         self.dump_wanted = 0
         self.stop_code: int | None = None  # agents end their commands with this code
@@ -125,41 +111,71 @@ class NodeHub:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.server.accept()
+                conn, peer = self.server.accept()
             except OSError:            # closed
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            with self.lock:
+                admitted = self.pending < MAX_PENDING
+                if admitted:
+                    self.pending += 1
+            if admitted:
+                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            else:
+                conn.close()
+                _refuse(peer, f"{MAX_PENDING} connections are in their handshake already")
 
-    def _serve(self, conn: socket.socket) -> None:
-        report = None
-        with conn:
-            try:
-                conn.settimeout(REPLY_TIMEOUT_S)
-                report = self._welcome(conn, recv_message(conn))
-                conn.settimeout(None)
-                while report is not None:
-                    report = self._take(conn, report, recv_message(conn))
-            except (OSError, ConnectionError, TypeError, ValueError):
+    def _serve(self, conn: socket.socket, peer: tuple) -> None:
+        link = Link(conn, JSON, LIMITS)
+        try:
+            report = self._welcome(link, peer)
+        finally:
+            with self.lock:
+                self.pending -= 1
+        if report is None:
+            return
+        try:
+            while self._take(link, report):
                 pass
-        if report is not None:
-            self._update(report, connected=False, dropped=not report.finished)
+        except (OSError, EOFError, TypeError, ValueError):
+            pass
+        finally:
+            link.close()
+            self._left(report, link)
 
-    def _welcome(self, conn: socket.socket, hello: dict) -> NodeReport | None:
-        node_rank = hello.get("node_rank")
-        if not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
-            send_message(conn, {"error": "the head refused the token"})
+    def _welcome(self, link: Link, peer: tuple) -> NodeReport | None:
+        """The node's report once its agent proved the token and named a node this
+        head expects; None (the link closed) for any other connection."""
+        try:
+            link.authenticate(self.key, challenge_first=True)
+            hello = link.recv()
+            node_rank = hello.get("node_rank")
+            if type(node_rank) is not int or node_rank not in self.reports:
+                link.send({"error": f"the head expects node ranks 1-{len(self.reports)}, "
+                                    f"not {node_rank!r}"})
+                link.close()
+                return None
+            link.send({"ok": True})
+            link.settle()
+        except HandshakeError as error:
+            _refuse(peer, f"wrong {TOKEN_VAR}" if error.wrong_key else str(error))
             return None
-        if node_rank not in self.reports:
-            send_message(conn, {"error": f"the head expects node ranks 1-{len(self.reports)}, "
-                                         f"not {node_rank!r}"})
+        except (OSError, EOFError, ValueError) as error:
+            link.close()
+            _refuse(peer, str(error))
             return None
-        send_message(conn, {"ok": True})
+        with self.lock:
+            replaced = self.links.get(node_rank)
+            self.links[node_rank] = link
+        if replaced is not None:         # the agent reconnected: its old link is dead
+            replaced.shutdown()
         report = self.reports[node_rank]
         self._update(report, host=str(hello.get("host", "")), connected=True, dropped=False,
                      finished=False)
         return report
 
-    def _take(self, conn, report: NodeReport, body: dict) -> NodeReport | None:
+    def _take(self, link: Link, report: NodeReport) -> bool:
+        """One report and the head's answer; False once the agent said goodbye."""
+        body = link.recv()
         ranks = body.get("ranks")
         if not isinstance(ranks, dict):
             raise ValueError("report without ranks")
@@ -167,9 +183,17 @@ class NodeHub:
                      command_exit=body.get("command_exit"), dump_done=int(body.get("dump_done", 0)),
                      finished=bool(body.get("finished")))
         with self.lock:
-            send_message(conn, {"verdicts": self.verdicts, "dump": self.dump_wanted,
-                                "stop": self.stop_code})
-        return None if report.finished else report
+            answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code}
+        link.send(answer)
+        return not report.finished
+
+    def _left(self, report: NodeReport, link: Link) -> None:
+        """The link ended; the node is gone unless a newer link of it took over."""
+        with self.lock:
+            if self.links.get(report.node_rank) is not link:
+                return
+            del self.links[report.node_rank]
+        self._update(report, connected=False, dropped=not report.finished)
 
     def _update(self, report: NodeReport, **changes) -> None:
         with self.lock:
@@ -226,6 +250,15 @@ class NodeHub:
 
     def close(self) -> None:
         self.server.close()
+        with self.lock:
+            links = list(self.links.values())
+        for link in links:
+            link.shutdown()
+
+
+def _refuse(peer: tuple, reason: str) -> None:
+    print(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}",
+          file=sys.stderr, flush=True)
 
 
 def _listen(address: tuple[str, int]) -> socket.socket:
@@ -315,22 +348,23 @@ class HeadReply:
 class NodeAgent:
     """A node's launcher's line to the head; reconnects after a failure."""
 
-    def __init__(self, head: str, token: str, node_rank: int):
+    def __init__(self, head: str, key: bytes, node_rank: int):
         self.address = parse_address(head, "--head")
-        self.token, self.node_rank = token, node_rank
-        self.sock: socket.socket | None = None
+        self.key, self.node_rank = key, node_rank
+        self.link: Link | None = None
         self.note = "not connected yet"
 
     def publish(self, ranks: dict[int, RankState], command_exit: int | None, dump_done: int,
                 finished: bool = False) -> HeadReply | None:
-        """Send this node's ranks; the head's answer, or None if it cannot be reached."""
+        """Send this node's ranks; the head's answer, or None if it cannot be reached.
+        NodeError if the head does not share this node's token."""
         body = {"ranks": {str(rank): asdict(state) for rank, state in ranks.items()},
                 "command_exit": command_exit, "dump_done": dump_done, "finished": finished}
         try:
-            sock = self.sock or self._connect()
-            send_message(sock, body)
-            reply = recv_message(sock)
-        except (OSError, ConnectionError) as error:
+            link = self.link or self._connect()
+            link.send(body)
+            reply = link.recv()
+        except (OSError, EOFError, ValueError) as error:
             self.note = f"head {self.address[0]}:{self.address[1]} unreachable: {error}"
             self.close()
             return None
@@ -339,18 +373,27 @@ class NodeAgent:
         return HeadReply(reply.get("verdicts", []), int(reply.get("dump", 0)),
                          stop if isinstance(stop, int) else None)
 
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(self.address, timeout=REPLY_TIMEOUT_S)
-        send_message(sock, {"token": self.token, "node_rank": self.node_rank,
-                            "host": socket.gethostname()})
-        answer = recv_message(sock)
+    def _connect(self) -> Link:
+        link = Link(socket.create_connection(self.address, timeout=HANDSHAKE_S), JSON, LIMITS)
+        try:
+            link.authenticate(self.key, challenge_first=False)
+            link.send({"node_rank": self.node_rank, "host": socket.gethostname()})
+            answer = link.recv()
+        except HandshakeError as error:
+            if error.wrong_key:
+                raise NodeError(f"node {self.node_rank}: the head refused the token") from None
+            raise ConnectionError(str(error)) from None
+        except BaseException:
+            link.close()
+            raise
         if "error" in answer:
-            sock.close()
+            link.close()
             raise NodeError(f"node {self.node_rank}: {answer['error']}")
-        self.sock = sock
-        return sock
+        link.settle()
+        self.link = link
+        return link
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None

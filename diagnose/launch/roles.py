@@ -80,7 +80,7 @@ class Agent:
             request_dump(launcher.opts.run_dir)
             self.dumps_done = reply.dump
         if reply.stop is not None and not finished:
-            launcher.request_stop(reply.stop)
+            launcher.request_stop(reply.stop, by="head")
 
     def dump_other_nodes(self) -> list[str]:
         return []

@@ -23,13 +23,14 @@ signal such as the SIGABRT of NCCL's watchdog (faulthandler).
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import socket
 import sys
 import time
 
-from diagnose.core.vocab import Role
+from diagnose.core.vocab import Phase, Role
 from diagnose.probe import rank_env
 from diagnose.probe.calls import OFF, Capture, PhaseCall, Replay
 from diagnose.probe.recorder import Recorder
@@ -63,6 +64,31 @@ def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
     }
     _probe = Recorder(run_dir, identity)
     os.register_at_fork(after_in_child=_forget)
+    _mark_normal_exit()
+
+
+def _mark_normal_exit() -> None:
+    """A normal end enters Phase.EXIT last, so that the analysis takes the process
+    for finished, not dead, even before the command's exit code is known (a
+    driver's interpreter ends before a shell around it, or before the kernel has
+    torn its CUDA context down). Normal: returning from main or sys.exit, with
+    any status (the status is not known here: `sys.exit(main())` looks sys.exit
+    up before main starts the probe). Not normal: an uncaught exception, a
+    signal, os._exit (the last two run no atexit)."""
+    failed = []
+    excepthook = sys.excepthook
+
+    def note_exception(*exc_info):
+        failed.append(True)
+        excepthook(*exc_info)
+
+    def at_exit():
+        if not failed:
+            with phase(Phase.EXIT):
+                pass
+
+    sys.excepthook = note_exception
+    atexit.register(at_exit)
 
 
 def _forget():

@@ -20,6 +20,7 @@ the first time with step argument N; with step=all it fires on every entry
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -127,9 +128,9 @@ def _kind(text: str, value: str) -> tuple[str, float | None]:
             seconds = float(arg)
         except ValueError:
             seconds = -1.0
-        if not seconds > 0:
-            raise FaultSpecError(f"fault spec {text!r}: sleep needs seconds > 0, "
-                                 f"as in kind=sleep:2.5")
+        if not 0 < seconds < math.inf:
+            raise FaultSpecError(f"fault spec {text!r}: sleep needs a finite number of seconds "
+                                 f"> 0, as in kind=sleep:2.5 (kind=hang blocks forever)")
         return kind, seconds
     if kind == "exit":
         if not arg.isdigit() or int(arg) > 255:

@@ -13,7 +13,6 @@ batch_isend_irecv) completes when wait() on its Work returns.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import importlib.abc
 import inspect
@@ -22,7 +21,7 @@ import threading
 import zlib
 
 from diagnose import probe
-from diagnose.core.vocab import Phase, Role
+from diagnose.core.vocab import Role
 
 GROUP_NAME_BYTES = 16   # the probe file's group field
 
@@ -132,28 +131,8 @@ def _traced_init(dist, init_process_group):
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         probe.init(role=Role.PROCESS, rank=dist.get_rank(), world_size=world_size,
                    device=device, groups={"world": list(range(world_size))})
-        _watch_exit()
         return result
     return init
-
-
-def _watch_exit() -> None:
-    """A normal end (not an uncaught exception, a signal or os._exit) enters the
-    clean-exit phase last, so the analysis does not take the ended process for dead."""
-    failed = []
-    excepthook = sys.excepthook
-
-    def note_failure(*exc_info):
-        failed.append(True)
-        excepthook(*exc_info)
-
-    def at_exit():
-        if not failed:
-            with probe.phase(Phase.EXIT):
-                pass
-
-    sys.excepthook = note_failure
-    atexit.register(at_exit)
 
 
 def _traced_call(dist, function, op, tensor_arg, always_async):

@@ -1,0 +1,107 @@
+"""diag launch owns its run dir and its job: a second launch on a live run dir
+is refused untouched; Ctrl-C and SIGTERM stop the run with one line, a report
+and the stop recorded (which diag analyze does not take for a death); and a
+SIGKILLed launcher leaves no process of its job behind."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from diagnose.launch.collector import Collector
+from test_generic import PROGRAMS, REPO, left_behind
+
+ENDING = os.path.join(PROGRAMS, "ending.py")
+STEPS = [sys.executable, ENDING, "steps"]
+ENGINE_TP2 = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
+              "--prompt", "hi", "--max-tokens", "100000", "--ignore-eos"]
+
+
+def diag(*argv, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "diagnose.cli", *argv], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def wait_until(condition, timeout_s=60, what="the condition"):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def driver_started(run_dir) -> bool:
+    return (run_dir / "driver.probe").exists()
+
+
+@pytest.fixture
+def launches():
+    started = []
+
+    def launch(*argv):
+        started.append(diag(*argv))
+        return started[-1]
+    yield launch
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_second_launch_on_a_live_run_dir_is_refused_and_touches_nothing(tmp_path, launches):
+    run_dir = tmp_path / "run"
+    first = launches("launch", "--run-dir", str(run_dir), "--", *STEPS)
+    wait_until(lambda: driver_started(run_dir), what="driver.probe")
+    launch_json = (run_dir / "launch.json").read_text()
+    second = diag("launch", "--run-dir", str(run_dir), "--", "true")
+    _, err = second.communicate(timeout=30)
+    assert second.returncode == 2
+    assert err.splitlines() == [f"diag: error: run dir {run_dir} is in use by another diag "
+                                f"launch (pid {first.pid}); give another --run-dir"]
+    assert driver_started(run_dir) and (run_dir / "launch.json").read_text() == launch_json
+    assert first.poll() is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_with_one_line_and_the_stop_recorded(tmp_path, launches, sig):
+    run_dir = tmp_path / "run"
+    launcher = launches("launch", "--run-dir", str(run_dir), "--on-hang", "kill", "--", *STEPS)
+    wait_until(lambda: driver_started(run_dir), what="driver.probe")
+    time.sleep(0.5)
+    launcher.send_signal(sig)
+    _, err = launcher.communicate(timeout=30)
+    name = signal.Signals(sig).name
+    assert launcher.returncode == 128 + sig
+    assert f"diag: stopped by {name}: the command's processes were ended" in err.splitlines()
+    assert "Traceback" not in err
+    ending = json.loads((run_dir / "exit.json").read_text())
+    assert ending["stopped_by"] == name and ending["command_exit"] == -signal.SIGTERM
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["stopped_by"] == name and report["verdicts"] == []
+    assert not left_behind(run_dir)
+    again = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir)],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr   # the stop is no death
+
+
+def test_a_sigkilled_launcher_leaves_nothing_of_its_job_behind(tmp_path, launches):
+    run_dir = tmp_path / "run"
+    launcher = launches("launch", "--run-dir", str(run_dir), "--", "sh", "-c",
+                        f"{' '.join(ENGINE_TP2)}; echo done")
+    collector = Collector(str(run_dir))
+    wait_until(lambda: driver_started(run_dir) and len(collector.snapshot().ranks) == 2,
+               timeout_s=120, what="engine at tp=2")
+    job = left_behind(run_dir)
+    segments = {m.path for p in job for m in p.memory_maps() if m.path.startswith("/dev/shm/")}
+    assert len(job) >= 4 and segments      # sh, the driver, two workers; their ring
+    launcher.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: not left_behind(run_dir), timeout_s=15, what="end of the job")
+    assert time.monotonic() - killed_at < 10
+    assert not [segment for segment in segments if os.path.exists(segment)]
+    again = diag("launch", "--run-dir", str(run_dir), "--", "true")   # the lock went with it
+    again.communicate(timeout=60)
+    assert again.returncode == 0

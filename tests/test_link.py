@@ -1,0 +1,113 @@
+"""diagnose/core/link.py: the authenticated link the engine's nodes and diag's
+launchers share, end to end over a socket pair."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from diagnose.core.link import HANDSHAKE_BYTES, Codec, HandshakeError, Limits, Link
+
+KEY = b"the-shared-secret"
+JSON = Codec(lambda body: json.dumps(body).encode(), json.loads)
+QUICK = Limits(handshake_s=1.0, message_s=1.0, max_bytes=1 << 10)
+
+
+class Recording:
+    """A socket that keeps a copy of every byte sent through it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.sent = sock, bytearray()
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+        self.sock.sendall(data)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def both_ends(key_a=KEY, key_b=KEY):
+    """(a's link, b's link, their handshake errors by name, a's socket); b listens."""
+    sock_a, sock_b = socket.socketpair()
+    a, b = Link(Recording(sock_a), JSON, QUICK), Link(sock_b, JSON, QUICK)
+    errors = {}
+
+    def run(name, link, key, first):
+        try:
+            link.authenticate(key, challenge_first=first)
+        except HandshakeError as error:
+            errors[name] = error
+
+    other = threading.Thread(target=run, args=("a", a, key_a, False))
+    other.start()
+    run("b", b, key_b, True)
+    other.join()
+    return a, b, errors, a.sock
+
+
+def test_ends_that_share_the_key_exchange_messages_and_the_key_never_crosses():
+    a, b, errors, sock_a = both_ends()
+    assert not errors and a.authenticated and b.authenticated
+    a.settle(), b.settle()
+    a.send({"ranks": {"2": "x" * 500}})
+    assert b.recv() == {"ranks": {"2": "x" * 500}}
+    b.send({"ok": True})
+    assert a.recv() == {"ok": True}
+    assert sock_a.sent and KEY not in sock_a.sent
+
+
+def test_a_wrong_key_is_refused_on_both_ends():
+    _, _, errors, _ = both_ends(key_a=b"another-secret")
+    assert errors["a"].wrong_key and errors["b"].wrong_key
+
+
+def test_nothing_is_decoded_before_the_handshake():
+    a, _ = socket.socketpair()
+    with pytest.raises(RuntimeError):
+        Link(a, JSON, QUICK).recv()
+
+
+def test_a_long_message_before_the_handshake_is_refused_unread():
+    a, b = socket.socketpair()
+    b.sendall((200 << 20).to_bytes(4, "big") + b"x" * 1000)
+    with pytest.raises(HandshakeError, match=f"a message of {200 << 20} bytes, over the "
+                                             f"{HANDSHAKE_BYTES} allowed"):
+        Link(a, JSON, QUICK).authenticate(KEY, challenge_first=False)
+
+
+def test_a_peer_that_drips_bytes_is_dropped_at_the_handshake_deadline():
+    a, b = socket.socketpair()
+    link = Link(a, JSON, QUICK)
+
+    def drip():
+        for byte in (32).to_bytes(4, "big") + b"x" * 32:
+            try:
+                b.send(bytes([byte]))
+            except OSError:
+                return
+            time.sleep(0.3)
+    threading.Thread(target=drip, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(HandshakeError, match="no handshake within 1 s"):
+        link.authenticate(KEY, challenge_first=False)
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_authenticated_message_must_arrive_whole_in_time():
+    a, b, _, sock_a = both_ends()
+    a.settle(), b.settle()
+    sock_a.sendall((100).to_bytes(4, "big") + b"{")   # and the rest never comes
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        b.recv()
+    assert 0.9 < time.monotonic() - started < 1.5
+
+
+def test_an_authenticated_message_over_the_limit_is_refused():
+    a, b, _, _ = both_ends()
+    a.settle(), b.settle()
+    a.send({"big": "x" * 2000})
+    with pytest.raises(OSError, match="over the 1024 allowed"):
+        b.recv()
