@@ -30,18 +30,18 @@ def mismatch_verdicts(view: View) -> list[Verdict]:
         reported.add(group)
         top = counts.most_common()
         majority = top[0][0] if top[0][1] > top[1][1] else None
-        rhythm = None
-        if majority is None:  # a tie (two ranks, say): the side that keeps the rhythm wins
-            rhythm = _expected_signature(view, group, seq)
-            majority = rhythm if rhythm in counts else None
+        due = None
+        if majority is None:  # a tie (two ranks, say): the call the group's history expects wins
+            due = _expected_signature(view, group, seq, set(counts))
+            majority = due
         culprits = sorted(rank for rank, sig in signatures.items() if sig != majority)
         victims = sorted(rank for rank, sig in signatures.items() if sig == majority)
         calls = "; ".join(f"{rank_list(r for r, s in signatures.items() if s == sig)}: "
                           f"{describe_call(sig)}" for sig, _ in top)
         words = Words(f"{group} seq {seq}: members disagree on the collective: {calls}")
-        if rhythm:
-            words.add(f"; {describe_call(majority)} was due (the group's calls repeat), so ")
-            words.culprit(rank_list(culprits)).add(" skipped or added a call")
+        if due:
+            words.add(f"; {describe_call(majority)} was due (the group made it before), so ")
+            words.culprit(rank_list(culprits)).add(_departure(majority, signatures[culprits[0]]))
         verdicts.append(Verdict(
             kind=VerdictKind.COLLECTIVE_MISMATCH, culprit_ranks=culprits, victim_ranks=victims,
             summary=words.text, spans=words.spans,
@@ -50,10 +50,18 @@ def mismatch_verdicts(view: View) -> list[Verdict]:
     return verdicts
 
 
-def _expected_signature(view: View, group: str, seq: int) -> tuple | None:
-    """What the group's rhythm says call `seq` should be. Engine steps repeat the
-    same calls, so it is the call one period back, among the calls every member
-    agreed on; the period is the shortest that fits the recent history."""
+def _departure(due: tuple, made: tuple) -> str:
+    if due[0] == made[0]:
+        return " made it with other sizes or dtypes"
+    return " skipped or added a call"
+
+
+def _expected_signature(view: View, group: str, seq: int, tied: set[tuple]) -> tuple | None:
+    """Which of the `tied` calls the group's history says call `seq` should be,
+    among the calls every member agreed on before it. Engine steps repeat the
+    same calls: first the call one period back (the period is the shortest that
+    fits the recent history); else the one call of `tied` the group has made
+    before, where only one has."""
     agreed = {}
     for (name, number), records in view.joined.items():
         signatures = {signature(record) for record in records.values()}
@@ -63,8 +71,10 @@ def _expected_signature(view: View, group: str, seq: int) -> tuple | None:
     for period in range(1, len(numbers) // 2 + 1):
         recent = numbers[:2 * period]
         if all(agreed.get(n - period, agreed[n]) == agreed[n] for n in recent):
-            return agreed.get(seq - period)
-    return None
+            due = agreed.get(seq - period)
+            return due if due in tied else None
+    familiar = tied & set(agreed.values())
+    return familiar.pop() if len(familiar) == 1 else None
 
 
 def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
