@@ -38,16 +38,16 @@ in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
 
 The modules: view.py (the snapshot indexed), position.py (where a process is
 and when it last moved), graph.py, one module per rule family (dead,
-collectives, roots, straggler), causes.py (consequences folded into their
+mismatch with calls.py, collectives, roots, straggler), causes.py (consequences folded into their
 cause), wording.py (the sentences).
 """
 from __future__ import annotations
 
 from diagnose.analysis.causes import fold_consequences
-from diagnose.analysis.collectives import (mismatch_verdicts, skipped_collective_verdicts,
-                                           skipped_p2p_verdicts)
+from diagnose.analysis.collectives import skipped_collective_verdicts, skipped_p2p_verdicts
 from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts
 from diagnose.analysis.graph import wait_for_graph
+from diagnose.analysis.mismatch import mismatch_verdicts
 from diagnose.analysis.roots import root_verdicts
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds

@@ -54,6 +54,11 @@ class CollectiveRecord:
     device: bool = False           # traced on the GPU: the two times below get filled in
     t_device_start: float | None = None  # when the probe saw the GPU reach the call
     t_device_done: float | None = None   # when the probe saw the GPU finish it
+    # Flight Recorder only: the calls of a coalesced group share one seq; part is
+    # a call's place in its group (None: the dump's ring cut the group's start).
+    part: int | None = 0
+    out_shapes: list[list[int]] | None = None   # output sizes, where the source has them
+    out_dtype: str | None = None
 
 
 @dataclass

@@ -1,0 +1,213 @@
+"""One rank's Flight Recorder entries -> records, trusting nothing.
+
+Every field the reader uses is checked for the type and range torch writes
+(torch's own tests write seq ids as strings and dtypes as one string; both are
+taken), so that a dump made by hand or damaged on its way gives an entry that
+is skipped, never a value the analysis chokes on (an infinite time, a name
+that is a 100,000-deep list).
+
+Calls of a coalesced group (a `_coalescing_manager` block, an uneven
+all_gather made of `_broadcast_oop`s, `batch_isend_irecv`) share one seq id.
+Each collective call gets its place in its group as `part`; the dump's ring
+may have dropped the start of its first group, whose parts are then unknown
+(None). The entry that closes a batch of send/recv carries no call of its own
+and is dropped.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+from diagnose.core.snapshot import CollectiveRecord
+
+GLOO_UNKNOWN = "gloo"       # a gloo entry's state until the reader settles it
+TORCH_FRAMES = f"{os.sep}torch{os.sep}"
+LATEST_NS = 1e30            # later than any clock; a time past it is damage
+COALESCED_END = "coalesced"
+
+
+class BadEntry(ValueError):
+    """An entry without the fields, types or ranges a dump has."""
+
+
+@dataclass
+class EntryTimes:
+    """The newest time the usable entries of the dumps record."""
+    newest: float | None = None
+
+
+@dataclass
+class RankEntries:
+    """One rank's usable entries: as records (their group still the pg name and
+    their peer group-local), the pgs they name (pg name -> desc, the first
+    seen), and how many entries were unusable."""
+    records: list[CollectiveRecord]
+    pgs: dict[str, str]
+    skipped: int
+
+
+def records_of(entries: list, times: EntryTimes) -> RankEntries:
+    """The usable entries in the order the rank made them."""
+    usable, skipped = [], 0
+    for entry in entries:
+        try:
+            usable.append((_record_id(entry), entry))
+        except BadEntry:
+            skipped += 1
+    usable.sort(key=lambda pair: pair[0])
+    records, pgs = [], {}
+    for _, entry in usable:
+        try:
+            record = _record(entry, times, pgs)
+        except BadEntry:
+            skipped += 1
+            continue
+        if record is not None:
+            records.append(record)
+    _number_parts(records, wrapped=bool(usable) and usable[0][0] > 0)
+    return RankEntries(records, pgs, skipped)
+
+
+def _record_id(entry) -> int:
+    if type(entry) is not dict:
+        raise BadEntry("not a dict")
+    return _count(entry.get("record_id", 0))
+
+
+def _record(entry: dict, times: EntryTimes, pgs: dict[str, str]) -> CollectiveRecord | None:
+    """This runs for every entry of every dump (2000 a rank by default), so the
+    checks are plain type tests and the names and dtypes, which repeat, are
+    parsed once."""
+    get = entry.get
+    pg = get("process_group")
+    if not (type(pg) in (list, tuple) and len(pg) == 2 and _plain(pg[0]) and _plain(pg[1])):
+        raise BadEntry("process_group")
+    gloo, op, peer = _name(get("profiling_name"))
+    if op == COALESCED_END and get("is_p2p") is True:
+        return None                      # closes a batch of send/recv: no call of its own
+    state = get("state")
+    created = _seconds(get("time_created_ns"))
+    if type(state) is not str or created is None:
+        raise BadEntry("state or time_created_ns")
+    completed = _seconds(get("time_discovered_completed_ns"))
+    started = _seconds(get("time_discovered_started_ns"))
+    newest = max(created, completed or 0.0, started or 0.0)
+    if times.newest is None or newest > times.newest:
+        times.newest = newest
+    name = str(pg[0])
+    if name not in pgs:
+        pgs[name] = str(pg[1])
+    done = state == "completed"
+    return CollectiveRecord(
+        group=name, seq=_count(get("collective_seq_id")), op=op, peer=peer,
+        shapes=_sizes(get("input_sizes")), dtype=_dtypes(get("input_dtypes")),
+        nbytes=0, site=_site(get("frames")),
+        state=GLOO_UNKNOWN if gloo else "completed" if done else "enqueued",
+        t_enqueue=created, t_complete=(completed or created) if done else None,
+        out_shapes=_sizes(get("output_sizes")), out_dtype=_dtypes(get("output_dtypes")))
+
+
+def _number_parts(records: list[CollectiveRecord], wrapped: bool) -> None:
+    """Numbers the calls that share a seq in one group, in order. In a dump
+    whose ring wrapped, the first group's earlier calls may be gone."""
+    previous: dict[str, CollectiveRecord] = {}
+    for record in records:
+        if record.peer is not None:
+            continue
+        before = previous.get(record.group)
+        if before is not None and before.seq == record.seq:
+            record.part = None if before.part is None else before.part + 1
+        elif wrapped and not previous:
+            record.part = None
+        previous[record.group] = record
+
+
+def _plain(value) -> bool:
+    return type(value) is str or type(value) is int
+
+
+def _count(value) -> int:
+    """A seq or record id: an int >= 0, or its digits (torch's tests write those)."""
+    if type(value) is int and 0 <= value < 2 ** 63:
+        return value
+    if type(value) is str and value.isdigit() and len(value) < 19:
+        return int(value)
+    raise BadEntry("a count that is not a whole number >= 0")
+
+
+def _seconds(value) -> float | None:
+    """A time in ns as seconds; None for None; BadEntry for anything else."""
+    if value is None:
+        return None
+    if type(value) is int and 0 <= value <= LATEST_NS:
+        return value / 1e9
+    if type(value) is float and math.isfinite(value) and 0 <= value <= LATEST_NS:
+        return value / 1e9
+    raise BadEntry("a time that is not a finite number of ns >= 0")
+
+
+def _sizes(value) -> list[list[int]]:
+    if value is None:
+        return []
+    if type(value) is not list or not all(
+            type(shape) is list and all(type(dim) is int for dim in shape) for shape in value):
+        raise BadEntry("sizes that are not lists of whole numbers")
+    return value
+
+
+def _dtypes(value) -> str:
+    """'Float' for ['Float'], 'Float,Half' for several, as given for a string."""
+    if value is None:
+        return ""
+    if type(value) is str:
+        return value
+    if type(value) is not list or not all(type(dtype) is str for dtype in value):
+        raise BadEntry("dtypes that are not strings")
+    return _joined(tuple(value))
+
+
+@functools.lru_cache(maxsize=1024)
+def _joined(dtypes: tuple[str, ...]) -> str:
+    return ",".join(sorted(set(dtypes)))
+
+
+def _name(value) -> tuple[bool, str, int | None]:
+    """'nccl:send 0->1' -> (False, 'send', 1): gloo's, the op, the peer group-local."""
+    if type(value) is not str:
+        raise BadEntry("a profiling_name that is not a string")
+    return _parse_name(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_name(text: str) -> tuple[bool, str, int | None]:
+    backend, _, name = text.partition(":")
+    op, _, route = (name or backend).partition(" ")
+    peer = None
+    if op == "send" and "->" in route:
+        peer = _count(route.split("->")[1])
+    elif op == "recv" and "<-" in route:
+        peer = _count(route.split("<-")[1])
+    return backend == "gloo", op, peer
+
+
+def _site(frames) -> str:
+    """The first frame outside torch: where the program called the collective."""
+    if type(frames) is not list:
+        return ""
+    for frame in frames:
+        if type(frame) is not dict:
+            continue
+        path, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
+        if not (type(path) is str and type(line) is int and type(name) is str):
+            continue
+        if TORCH_FRAMES not in path:
+            return f"{_basename(path)}:{line} {name}"
+    return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _basename(path: str) -> str:
+    """The entries of a dump name the same few files over and over."""
+    return os.path.basename(path)
