@@ -1,11 +1,16 @@
 """One root cause, one culprit: what follows from a cause that an earlier rule
 named is shown as its consequence, never blamed on a second rank."""
+import os
 import pickle
+import shutil
+
+import pytest
 
 from diagnose.analysis import analyze
 from diagnose.analysis.causes import CONSEQUENCES, fold_consequences
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Verdict
+from diagnose.launch.collector import Collector
 from diagnose.offline.flight_recorder import read_fr_dir
 from synthetic import Job
 from test_flight_recorder import nccl_dump, nccl_entry
@@ -98,3 +103,41 @@ def test_causes_that_explain_none_of_each_other_stay_apart():
     first, second = verdict("gpu_stuck", [0], []), verdict("gpu_stuck", [1], [])
     assert fold_consequences([first, second]) == [first, second]
     assert CONSEQUENCES not in first.evidence
+
+
+RUNS = os.path.join(os.path.dirname(__file__), "fixtures", "runs")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda raw: raw[:100],                                  # truncated
+    lambda raw: bytes(byte ^ 0x5A for byte in raw),          # garbage
+])
+def test_a_rank_whose_file_cannot_be_read_is_named_never_the_ranks_that_wait_on_it(
+        tmp_path, damage):
+    """The recorded run where rank 6 never reached execute_model, with rank 6's
+    file damaged: its peers still wait on it, and the verdict says its state is
+    unknown. (It named ranks 4 and 7, which wait on it.)"""
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(RUNS, "rank6_never_reached"), run)
+    probe = run / "rank-6.probe"
+    probe.write_bytes(damage(probe.read_bytes()))
+    snapshot = Collector(str(run)).snapshot()
+    assert 6 not in snapshot.ranks and 6 in snapshot.unreadable
+    [verdict] = analyze(snapshot)
+    assert (verdict.kind, verdict.culprit_ranks, verdict.victim_ranks) == (
+        "state_unreadable", [6], [0, 1, 2, 3, 4, 5, 7])
+    assert verdict.summary.startswith("rank 6 (pp 3/4, tp 0): its state cannot be read (rank-6.probe:")
+    assert "ranks 0-5, 7 and the driver wait on it" in verdict.summary
+
+
+def test_an_unreadable_victim_leaves_the_culprit_named(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(RUNS, "rank6_never_reached"), run)
+    (run / "rank-7.probe").write_bytes(b"garbage")
+    assert culprits(analyze(Collector(str(run)).snapshot())) == [("never_reached", [6])]
+
+
+def test_an_unreadable_rank_whose_waiters_wait_on_a_named_culprit_adds_nothing():
+    named = verdict("never_reached", [6], [0, 1, 2, 3, 4, 5, 7])
+    unseen = verdict("state_unreadable", [3], [2])
+    assert fold_consequences([named, unseen]) == [named]

@@ -29,7 +29,9 @@ it waits on no one but its own GPU (`gpu_stuck`). A job that hung and was then
 stopped is judged as it stood just before its first death (timeline.py), so
 the hang, not the kill, is named. In a multi-node job, a node whose agent went
 silent is `node_lost`: the verdicts that blame its ranks, whose state is stale,
-give way to that one. One root cause has one culprit: a later verdict that
+give way to that one. A rank whose probe file cannot be read is not seen, but
+its peers still wait on it: where they stall, the verdict names it and says
+that its state is unknown (`state_unreadable`), never a waiter. One root cause has one culprit: a later verdict that
 blames a rank an earlier one explains (its culprit, or a rank waiting on it)
 is folded into the earlier one as a consequence (causes.py).
 
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 from diagnose.analysis.causes import fold_consequences
 from diagnose.analysis.collectives import skipped_collective_verdicts, skipped_p2p_verdicts
-from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts
+from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts, unreadable_verdicts
 from diagnose.analysis.graph import wait_for_graph
 from diagnose.analysis.mismatch import mismatch_verdicts
 from diagnose.analysis.roots import root_verdicts
@@ -87,7 +89,8 @@ def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
     verdicts += skipped_collective_verdicts(view, graph, limits)
     verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
     named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
-    return verdicts + root_verdicts(view, _explained(graph, named), limits, named)
+    verdicts += root_verdicts(view, _explained(graph, named), limits, named)
+    return verdicts + unreadable_verdicts(view, graph, limits)
 
 
 def _explained(graph: dict[Node, set[Node]], named: set[int]) -> dict[Node, set[Node]]:

@@ -11,6 +11,7 @@ its sentence evidence of what followed.
 from __future__ import annotations
 
 from diagnose.core.snapshot import Verdict
+from diagnose.core.vocab import VerdictKind
 
 CONSEQUENCES = "consequences"   # the evidence key of the folded sentences
 
@@ -29,10 +30,13 @@ def fold_consequences(verdicts: list[Verdict]) -> list[Verdict]:
 
 
 def _explaining(kept: list[Verdict], verdict: Verdict) -> Verdict | None:
-    blamed = set(verdict.culprit_ranks)
+    blamed, waiting = set(verdict.culprit_ranks), set(verdict.victim_ranks)
     for cause in kept:
-        if blamed & (set(cause.culprit_ranks) | set(cause.victim_ranks)):
+        explained = set(cause.culprit_ranks) | set(cause.victim_ranks)
+        if blamed & explained:
             return cause
+        if verdict.kind == VerdictKind.STATE_UNREADABLE and waiting and waiting <= explained:
+            return cause    # its waiters wait on a culprit already named: nothing new
     return None
 
 

@@ -30,6 +30,9 @@ class View:
         self.ranks = snapshot.ranks
         self.driver = snapshot.driver
         self.deaths = find_deaths(snapshot)
+        # ranks whose state cannot be read: their peers' waits still point at them
+        self.unreadable = {rank: why for rank, why in snapshot.unreadable.items()
+                           if rank not in self.ranks}
         # (group, seq) -> {rank: its last record there} for group collectives: whether
         # the rank is done with the call (a coalesced group's calls share a seq)
         self.joined: dict[tuple[str, int], dict[int, CollectiveRecord]] = {}
@@ -102,17 +105,21 @@ class View:
         if found is None:
             joined = self.joined.get(key, {})
             found = self._blockers[key] = {
-                member for member in self.groups.get(group, []) if member in self.ranks
+                member for member in self.groups.get(group, [])
+                if (member in self.ranks or member in self.unreadable)
                 and (not self.has_joined(member, group, seq)
                      or (member in joined and unfinished(joined[member])))}
         return found
 
     def output_rank(self) -> int | None:
-        """The rank that returns the sampled tokens: last PP stage, TP rank 0."""
-        for rank, state in self.ranks.items():
+        """The rank that returns the sampled tokens: last PP stage, TP rank 0 (whose
+        state may be unreadable: the layout says which it is)."""
+        for state in self.ranks.values():
             ident = state.identity
-            if ident.tp_rank == 0 and ident.pp_size is not None and ident.pp_rank == ident.pp_size - 1:
-                return rank
+            if ident.tp_size and ident.pp_size:
+                output = (ident.pp_size - 1) * ident.tp_size
+                if output in self.ranks or output in self.unreadable:
+                    return output
         return max(self.ranks) if self.ranks else None
 
 

@@ -125,6 +125,7 @@ class Snapshot:
     driver: RankState | None = None
     command_exit: int | None = None  # the wrapped command's exit code, once it ended
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
 
 

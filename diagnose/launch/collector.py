@@ -1,7 +1,8 @@
 """Reads every probe file in a run dir into a Snapshot, many times a second.
 
 A file that cannot be read is skipped with a note (Collector.notes), never an
-exception. Identities, decoded ring records and stacks dumps are cached, so a
+exception; a rank whose file it is (rank-R.probe) is listed as unreadable, so
+that the analysis knows whom its peers wait on. Identities, decoded ring records and stacks dumps are cached, so a
 steady read decodes only what changed; snapshots therefore share record
 objects, which nobody may modify.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import socket
+import stat
 import time
 
 import psutil
@@ -24,6 +27,7 @@ EXIT_FILE = "exit.json"  # written by diag launch when the command ends
 HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
 REMOTE_ALIVE_S = 2.0     # a rank on another host counts as alive while its heartbeat is this fresh
 SAME_PROCESS_S = 0.5     # create times closer than this are the same process, not pid reuse
+RANK_FILE = re.compile(r"rank-(\d+)\.probe")
 
 
 class Collector:
@@ -40,10 +44,17 @@ class Collector:
     def snapshot(self) -> Snapshot:
         self.notes = []
         ranks: dict[int, RankState] = {}
+        unreadable: dict[int, str] = {}
         driver = None
         for path in sorted(glob.glob(os.path.join(self.run_dir, "*.probe"))):
-            state = self._read(path)
-            if state is None:
+            try:
+                state = self._read(path)
+            except runfile.ProbeFileError as error:
+                note = f"{os.path.basename(path)}: {error}"
+                self.notes.append(note)
+                named = RANK_FILE.fullmatch(os.path.basename(path))
+                if named is not None:
+                    unreadable[int(named.group(1))] = note
                 continue
             if state.identity.role == Role.DRIVER:
                 driver = state
@@ -54,7 +65,7 @@ class Collector:
                 ranks[state.identity.rank] = state
         snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
-                            command_exit=self._command_exit())
+                            command_exit=self._command_exit(), unreadable=unreadable)
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
         self.notes += notes
         return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
@@ -67,18 +78,21 @@ class Collector:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _read(self, path: str) -> RankState | None:
+    def _read(self, path: str) -> RankState:
+        """The rank's state, or ProbeFileError. The file is opened without blocking
+        and must be a regular one: a FIFO named like a probe file would block a
+        plain open until someone writes to it."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as error:
-            self.notes.append(f"{os.path.basename(path)}: {error.strerror}")
-            return None
+            raise runfile.ProbeFileError(error.strerror) from None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise runfile.ProbeFileError("not a regular file")
             data = runfile.read_probe(fd, self.history, self._records.setdefault(path, {}))
             identity = self._identity(path, fd, data.header)
-        except runfile.ProbeFileError as error:
-            self.notes.append(f"{os.path.basename(path)}: {error}")
-            return None
+        except OSError as error:
+            raise runfile.ProbeFileError(error.strerror) from None
         finally:
             os.close(fd)
         return RankState(
