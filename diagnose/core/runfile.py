@@ -10,6 +10,7 @@ a torn or overwritten record is dropped, never misread.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -29,6 +30,8 @@ COLLECTIVE_CAPACITY = 64
 OPEN_STACK_DEPTH = 8
 EXITS_CAPACITY = 32
 HEARTBEAT_S = 0.1           # the writer's heartbeat period
+MAX_IDENTITY = 1 << 20      # identity JSON bytes a reader takes: groups of a large job fit
+MAX_PID = 2 ** 31 - 1
 FATAL_MAIN_THREAD = "diag: main thread"
 
 # Header, at offset 0 (128 bytes reserved).
@@ -84,7 +87,8 @@ IDENTITY_AT = COLL_RING_AT + COLLECTIVE_CAPACITY * COLL_RECORD_SIZE
 
 
 class ProbeFileError(Exception):
-    """A probe file that cannot be read: too short, wrong magic or version."""
+    """A probe file that cannot be read: too short, wrong magic or version, or
+    values no writer writes (a pid of -1, a time that is not finite)."""
 
 
 def probe_file_name(rank: int | None) -> str:
@@ -265,6 +269,13 @@ def read_header(raw: bytes) -> Header:
     if size != IDENTITY_AT + identity_length:
         raise ProbeFileError(f"header says {size} bytes but identity ends at "
                              f"{IDENTITY_AT + identity_length}")
+    if identity_length > MAX_IDENTITY:
+        raise ProbeFileError(f"identity of {identity_length} bytes, over the {MAX_IDENTITY} "
+                             f"a reader takes")
+    if not 0 < pid <= MAX_PID:
+        raise ProbeFileError(f"pid {pid} is no process's")
+    if not (math.isfinite(create_time) and math.isfinite(started_at)):
+        raise ProbeFileError("start times are not finite")
     return Header(pid, create_time, started_at, size, identity_length)
 
 
@@ -281,10 +292,12 @@ def read_probe(fd: int, history: int, cache: dict | None = None) -> ProbeData:
     (heartbeat_at, heartbeat_count, phase_head, depth, coll_head, ring_written, ring_read,
      dump_request, dump_done, exits_count, fired_at, fault_spec, kv_step, used, free,
      allocated, freed, preempted, frame) = LIVE_FIELDS.unpack_from(raw, LIVE)
+    if not math.isfinite(heartbeat_at):
+        raise ProbeFileError("heartbeat time is not finite")
     open_phases = [PhaseEvent(_text(name), _step(step), start, None)
                    for name, step, start in OPEN_ENTRY.iter_unpack(
                        raw[OPEN_STACK_AT:OPEN_STACK_AT + min(depth, OPEN_STACK_DEPTH)
-                           * OPEN_ENTRY.size])]
+                           * OPEN_ENTRY.size]) if math.isfinite(start)]
     known = {} if cache is None else cache
     fresh = {}
     phases = _read_ring(raw, PHASE_RING_AT, PHASE_RECORD_SIZE, PHASE_CAPACITY, phase_head,
@@ -302,7 +315,8 @@ def read_probe(fd: int, history: int, cache: dict | None = None) -> ProbeData:
                                                    preempted),
         ring_written=ring_written, ring_read=ring_read,
         dump_request=dump_request, dump_done=dump_done,
-        fault_spec=_text(fault_spec), fault_fired_at=fired_at or None,
+        fault_spec=_text(fault_spec),
+        fault_fired_at=fired_at if fired_at and math.isfinite(fired_at) else None,
         worker_exits=_read_exits(raw, exits_count))
 
 
@@ -313,7 +327,7 @@ def read_identity(fd: int, header: Header) -> dict:
                              f"{header.identity_length} bytes")
     try:
         identity = json.loads(raw)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ProbeFileError(f"identity is not JSON: {error}") from None
     if not isinstance(identity, dict):
         raise ProbeFileError("identity is not a JSON object")
@@ -335,7 +349,7 @@ def _read_ring(raw: bytes, ring_at: int, size: int, capacity: int, head: int, hi
 
 def _phase_event(chunk: bytes, n: int) -> PhaseEvent | None:
     first, step, start, end, name, last = PHASE_RECORD.unpack(chunk)
-    if not first == last == n:
+    if not first == last == n or not (math.isfinite(start) and math.isfinite(end)):
         return None
     return PhaseEvent(_text(name), _step(step), start, end or None)
 
@@ -343,7 +357,8 @@ def _phase_event(chunk: bytes, n: int) -> PhaseEvent | None:
 def _collective_record(chunk: bytes, n: int) -> CollectiveRecord | None:
     (first, seq, nbytes, t_enqueue, t_complete, state, device, peer, group, op, dtype, shapes,
      site, t_device_start, t_device_done, last) = COLL_RECORD.unpack(chunk)
-    if not first == last == n:
+    if not first == last == n or not all(map(math.isfinite, (
+            t_enqueue, t_complete, t_device_start, t_device_done))):
         return None
     done = state == COMPLETED
     return CollectiveRecord(
@@ -359,7 +374,8 @@ def _read_exits(raw: bytes, count: int) -> list[WorkerExit]:
     for i in range(max(0, count - EXITS_CAPACITY), count):
         rank, exitcode, at = EXIT_ENTRY.unpack_from(raw, EXITS_AT + i % EXITS_CAPACITY
                                                     * EXIT_ENTRY.size)
-        exits.append(WorkerExit(rank, None if exitcode == NO_EXITCODE else exitcode, at))
+        if math.isfinite(at):
+            exits.append(WorkerExit(rank, None if exitcode == NO_EXITCODE else exitcode, at))
     return exits
 
 

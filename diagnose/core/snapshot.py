@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diagnose.core.checked import checked
 from diagnose.core.layout import rank_name
 from diagnose.core.vocab import Mention, VerdictKind
 
@@ -162,21 +163,9 @@ class Verdict:
 
 
 def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
-    """RankStates from their dataclasses.asdict() form (a node's published snapshot);
-    ValueError on anything malformed."""
+    """RankStates from their dataclasses.asdict() form (a node's published snapshot),
+    every field checked; ValueError on anything malformed."""
     try:
-        return {int(rank): _rank_state(state) for rank, state in ranks.items()}
-    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        return {int(rank): checked(RankState, state) for rank, state in ranks.items()}
+    except (TypeError, AttributeError, ValueError) as error:
         raise ValueError(f"malformed rank state: {error}") from None
-
-
-def _rank_state(data: dict) -> RankState:
-    data = dict(data)
-    data["identity"] = Identity(**data["identity"])
-    data["open_phases"] = [PhaseEvent(**event) for event in data["open_phases"]]
-    data["phases"] = [PhaseEvent(**event) for event in data["phases"]]
-    data["collectives"] = [CollectiveRecord(**record) for record in data["collectives"]]
-    data["kv"] = KVStats(**data["kv"]) if data.get("kv") else None
-    data["fault"] = FaultRecord(**data["fault"]) if data.get("fault") else None
-    data["worker_exits"] = [WorkerExit(**exit) for exit in data.get("worker_exits", [])]
-    return RankState(**data)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import functools
 import gc
+import itertools
 import os
 import pickle
 import re
@@ -44,7 +45,9 @@ from diagnose.offline.fr_entries import GLOO_UNKNOWN, EntryTimes, records_of
 
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
-MAX_DUMP_BYTES = 1 << 30    # torch's default ring of 2000 entries is a few MB
+MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
+MAX_ENTRIES = 1 << 17       # entries read from one dump, the last ones (the default ring: 2000)
+MAX_GROUPS = 1 << 16        # pg_config entries read from one dump
 MAX_RANKS_TEXT = 1 << 20    # a pg_config rank list, as text
 
 
@@ -75,7 +78,7 @@ def load_dump(path: str) -> dict:
                 raise FlightRecorderError(f"{name}: not a regular file")
             if info.st_size > MAX_DUMP_BYTES:
                 raise FlightRecorderError(f"{name}: {info.st_size / 2 ** 30:.1f} GiB, over the "
-                                          f"{MAX_DUMP_BYTES >> 30} GiB a dump may have")
+                                          f"{MAX_DUMP_BYTES >> 20} MiB a dump may have")
             if not info.st_size:
                 raise FlightRecorderError(f"{name}: empty file")
             dump = _unpickle(name, source)
@@ -92,7 +95,8 @@ def _unpickle(name: str, source) -> object:
     except EOFError:
         raise FlightRecorderError(f"{name}: truncated pickle") from None
     except MemoryError:
-        raise FlightRecorderError(f"{name}: too large to unpickle") from None
+        raise FlightRecorderError(f"{name}: not a Flight Recorder dump (a length in it asks for "
+                                  f"more memory than there is)") from None
     except Exception as error:  # noqa: BLE001 - any failure of untrusted bytes is a bad dump
         if "truncated" in str(error):
             raise FlightRecorderError(f"{name}: truncated pickle") from None
@@ -209,17 +213,22 @@ class _Dump:
 
 
 def _digest(dump: dict, times: EntryTimes) -> _Dump:
-    entries = records_of(dump["entries"], times)
-    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, entries.skipped)
+    entries = records_of(dump["entries"][-MAX_ENTRIES:], times)
+    skipped = entries.skipped + max(0, len(dump["entries"]) - MAX_ENTRIES)
+    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, skipped)
 
 
 def _config(config) -> dict[str, tuple[str, frozenset[int]]]:
-    found = {}
-    for pg_name, pg in (config.items() if isinstance(config, dict) else ()):
+    """pg name -> (desc, ranks). A rank list is read once however many pgs share
+    it (a pickle can point every pg at one long list)."""
+    found, parsed = {}, {}
+    pgs = itertools.islice(config.items(), MAX_GROUPS) if isinstance(config, dict) else ()
+    for pg_name, pg in pgs:
         if isinstance(pg, dict) and isinstance(pg_name, (str, int)) and pg_name != "":
-            desc = pg.get("desc")
-            found[str(pg_name)] = (desc if isinstance(desc, str) else "",
-                                   frozenset(_parse_ranks(pg.get("ranks"))))
+            desc, ranks = pg.get("desc"), pg.get("ranks")
+            if id(ranks) not in parsed:
+                parsed[id(ranks)] = frozenset(_parse_ranks(ranks))
+            found[str(pg_name)] = (desc if isinstance(desc, str) else "", parsed[id(ranks)])
     return found
 
 

@@ -26,6 +26,12 @@ GLOO_UNKNOWN = "gloo"       # a gloo entry's state until the reader settles it
 TORCH_FRAMES = f"{os.sep}torch{os.sep}"
 LATEST_NS = 1e30            # later than any clock; a time past it is damage
 COALESCED_END = "coalesced"
+# What one entry may hold: a pickle can reference one list from everywhere, so
+# a small file can hold lists far longer than a recorder writes; past these
+# the entry is skipped, and reading a dump stays linear in its size.
+MAX_TENSORS = 1024
+MAX_DIMS = 32
+MAX_FRAMES = 64             # frames read for the call site
 
 
 class BadEntry(ValueError):
@@ -151,8 +157,9 @@ def _seconds(value) -> float | None:
 def _sizes(value) -> list[list[int]]:
     if value is None:
         return []
-    if type(value) is not list or not all(
-            type(shape) is list and all(type(dim) is int for dim in shape) for shape in value):
+    if type(value) is not list or len(value) > MAX_TENSORS or not all(
+            type(shape) is list and len(shape) <= MAX_DIMS
+            and all(type(dim) is int for dim in shape) for shape in value):
         raise BadEntry("sizes that are not lists of whole numbers")
     return value
 
@@ -163,7 +170,8 @@ def _dtypes(value) -> str:
         return ""
     if type(value) is str:
         return value
-    if type(value) is not list or not all(type(dtype) is str for dtype in value):
+    if type(value) is not list or len(value) > MAX_TENSORS or not all(
+            type(dtype) is str for dtype in value):
         raise BadEntry("dtypes that are not strings")
     return _joined(tuple(value))
 
@@ -196,7 +204,7 @@ def _site(frames) -> str:
     """The first frame outside torch: where the program called the collective."""
     if type(frames) is not list:
         return ""
-    for frame in frames:
+    for frame in frames[:MAX_FRAMES]:
         if type(frame) is not dict:
             continue
         path, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
