@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 from diagnose.analysis.calls import describe_call, malformed, signature
 from diagnose.analysis.position import current_step
+from diagnose.analysis.sites import add_parting, parting
 from diagnose.analysis.view import View
 from diagnose.analysis.wording import Words, rank_list
 from diagnose.core.snapshot import CollectiveRecord, Verdict
@@ -73,7 +74,13 @@ def _disagreement_verdict(view: View, key: tuple[str, int, int]) -> Verdict | No
     if why:
         words.add(f"; {describe_call(majority)} was due ({why}), so ")
         words.culprit(rank_list(culprits)).add(_departure(majority, signatures[culprits[0]]))
-    return _verdict(view, key, culprits, victims, words)
+    verdict = _verdict(view, key, culprits, victims, words)
+    found = parting(view, group, seq, culprits, victims) if culprits and victims else None
+    if found is not None:
+        add_parting(words, found, culprits, victims)
+        verdict.summary, verdict.spans = words.text, words.spans
+        verdict.evidence["calls_per_site"] = asdict(found)
+    return verdict
 
 
 def _verdict(view: View, key: tuple[str, int, int], culprits: list[int], victims: list[int],
