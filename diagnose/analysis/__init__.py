@@ -25,7 +25,9 @@ side of a send/recv a peer waits in) is the culprit of that collective even
 where the graph has a cycle through the driver (collectives.py). On a GPU the
 host returns from a collective once it is enqueued: a call the device has not
 finished still counts as unfinished, and a rank whose GPU has not even reached
-it waits on no one but its own GPU (`gpu_stuck`). A job that hung and was then
+it waits on no one but its own GPU (`gpu_stuck`); so does a rank whose host
+left a step phase while its GPU has not finished that phase's work, which is
+how a single GPU shows a stop (device.py). A job that hung and was then
 stopped is judged as it stood just before its first death (timeline.py), so
 the hang, not the kill, is named. In a multi-node job, a node whose agent went
 silent is `node_lost`: the verdicts that blame its ranks, whose state is stale,
@@ -39,15 +41,16 @@ The driver is not a rank: where it is a culprit or a victim, verdicts say so
 in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
 
 The modules: view.py (the snapshot indexed), position.py (where a process is
-and when it last moved), graph.py, one module per rule family (dead,
-mismatch with calls.py, collectives, roots, straggler), causes.py (consequences folded into their
-cause), wording.py (the sentences).
+and when it last moved), graph.py, one module per rule family (dead, mismatch
+with calls.py and sites.py, collectives, device, roots, straggler), causes.py
+(consequences folded into their cause), wording.py (the sentences).
 """
 from __future__ import annotations
 
 from diagnose.analysis.causes import fold_consequences
 from diagnose.analysis.collectives import skipped_collective_verdicts, skipped_p2p_verdicts
 from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts, unreadable_verdicts
+from diagnose.analysis.device import gpu_work_verdicts
 from diagnose.analysis.graph import wait_for_graph
 from diagnose.analysis.mismatch import mismatch_verdicts
 from diagnose.analysis.roots import root_verdicts
@@ -88,6 +91,8 @@ def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
     verdicts = mismatch_verdicts(view)
     verdicts += skipped_collective_verdicts(view, graph, limits)
     verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
+    named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    verdicts += gpu_work_verdicts(view, graph, limits, named)
     named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
     verdicts += root_verdicts(view, _explained(graph, named), limits, named)
     return verdicts + unreadable_verdicts(view, graph, limits)

@@ -16,7 +16,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from diagnose.core.snapshot import CollectiveRecord, KVStats, PhaseEvent, WorkerExit
+from diagnose.core.snapshot import CollectiveRecord, DeviceWork, KVStats, PhaseEvent, WorkerExit
 
 MAGIC = b"DIAGPRB\x00"
 VERSION = 2
@@ -37,6 +37,10 @@ FATAL_MAIN_THREAD = "diag: main thread"
 # Header, at offset 0 (128 bytes reserved).
 HEADER = struct.Struct("<8sIIqdd8I")
 HEADER_SIZE = 128
+# The GPU's progress through the step phases' work, in the header's spare
+# bytes (files written before it have zeros there: nothing known).
+DEVICE_WORK = struct.Struct("<ddq32s")       # done_at, pending_since, pending_step, pending_phase
+DEVICE_WORK_AT = HEADER.size
 
 # Live fields, at offset LIVE (see docs/run-dir.md for each offset).
 LIVE = HEADER_SIZE
@@ -218,6 +222,16 @@ class RunFileWriter:
         FRAME.pack_into(self.mm, FRAME_AT, frame.encode())
         HEARTBEAT.pack_into(self.mm, HEARTBEAT_AT, now, count)
 
+    def device_work(self, done_at: float, pending: DeviceWork | None) -> None:
+        """When the GPU last finished a step phase's work, and the oldest work it
+        has not finished (the phase the host left, its step, when it left)."""
+        if pending is None:
+            DEVICE_WORK.pack_into(self.mm, DEVICE_WORK_AT, done_at, 0.0, NO_STEP, b"")
+        else:
+            DEVICE_WORK.pack_into(self.mm, DEVICE_WORK_AT, done_at, pending.host_left_at,
+                                  NO_STEP if pending.step is None else pending.step,
+                                  pending.phase.encode())
+
     def dump_request(self) -> int:
         return COUNTER.unpack_from(self.mm, DUMP_REQUEST_AT)[0]
 
@@ -252,6 +266,8 @@ class ProbeData:
     fault_spec: str
     fault_fired_at: float | None
     worker_exits: list[WorkerExit]
+    device_done_at: float | None = None
+    device_pending: DeviceWork | None = None
 
 
 def read_header(raw: bytes) -> Header:
@@ -317,7 +333,15 @@ def read_probe(fd: int, history: int, cache: dict | None = None) -> ProbeData:
         dump_request=dump_request, dump_done=dump_done,
         fault_spec=_text(fault_spec),
         fault_fired_at=fired_at if fired_at and math.isfinite(fired_at) else None,
-        worker_exits=_read_exits(raw, exits_count))
+        worker_exits=_read_exits(raw, exits_count), **_device_work(raw))
+
+
+def _device_work(raw: bytes) -> dict:
+    done_at, since, step, phase = DEVICE_WORK.unpack_from(raw, DEVICE_WORK_AT)
+    pending = (DeviceWork(_text(phase), _step(step), since)
+               if since > 0 and math.isfinite(since) else None)
+    return {"device_done_at": done_at if done_at > 0 and math.isfinite(done_at) else None,
+            "device_pending": pending}
 
 
 def read_identity(fd: int, header: Header) -> dict:

@@ -63,6 +63,15 @@ class CollectiveRecord:
 
 
 @dataclass
+class DeviceWork:
+    """Work a rank's host enqueued on its GPU, up to the end of a step phase, that
+    the GPU had not finished when the probe last looked."""
+    phase: str
+    step: int | None
+    host_left_at: float            # when the host left the phase (and went on)
+
+
+@dataclass
 class KVStats:
     step: int
     used: int
@@ -101,6 +110,8 @@ class RankState:
     fault: FaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)  # driver only
     stacks: dict[str, list[str]] | None = None  # thread name -> frames, from a dump
+    device_done_at: float | None = None          # on a GPU: when the probe last saw it finish
+    device_pending: DeviceWork | None = None     # the oldest step work it has not finished
 
     @property
     def phase(self) -> PhaseEvent | None:

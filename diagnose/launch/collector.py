@@ -124,7 +124,8 @@ class Collector:
             ring_written=data.ring_written,
             fault=FaultRecord(data.fault_spec, data.fault_fired_at) if data.fault_spec else None,
             worker_exits=data.worker_exits,
-            stacks=self._read_stacks(identity))
+            stacks=self._read_stacks(identity),
+            device_done_at=data.device_done_at, device_pending=data.device_pending)
 
     def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
         key = (path, header.pid, header.create_time, header.started_at)
