@@ -32,9 +32,8 @@ def _malformed_calls(view: View) -> set[tuple[str, int, int]]:
     """Only a source that records outputs (Flight Recorder) can have them."""
     found = set()
     for key, records in view.calls.items():
-        record = next(iter(records.values()))
-        if record.out_shapes is not None and any(
-                malformed(record, len(view.groups.get(key[0], ()))) for record in records.values()):
+        first = next(iter(records.values()))
+        if first.out_shapes is not None and any(map(malformed, records.values())):
             found.add(key)
     return found
 
@@ -42,8 +41,7 @@ def _malformed_calls(view: View) -> set[tuple[str, int, int]]:
 def _malformed_verdict(view: View, key: tuple[str, int, int]) -> Verdict | None:
     group, seq, _ = key
     records = view.calls[key]
-    size = len(view.groups.get(group, ()))
-    reasons = {rank: malformed(record, size) for rank, record in records.items()}
+    reasons = {rank: malformed(record) for rank, record in records.items()}
     culprits = sorted(rank for rank, reason in reasons.items() if reason)
     if not culprits:
         return None
@@ -102,9 +100,8 @@ def _tie_break(view: View, key: tuple[str, int, int],
     due = _expected_signature(view, key, tied)
     if due is not None:
         return due, "the group made it before"
-    size = len(view.groups.get(key[0], ()))
     sound = {signatures[rank] for rank, record in view.calls[key].items()
-             if not malformed(record, size)}
+             if not malformed(record)}
     if len(sound) == 1 and len(sound) < len(tied):
         return sound.pop(), "the other calls' sizes or dtypes do not fit together"
     return None, None
