@@ -97,9 +97,9 @@ def _tie_break(view: View, key: tuple[str, int, int],
     """The call a tie goes to, and why: the one the group's history expects, or
     the one whose sizes fit together where the others' do not."""
     tied = set(signatures.values())
-    due = _expected_signature(view, key, tied)
+    due, why = _expected_signature(view, key, tied)
     if due is not None:
-        return due, "the group made it before"
+        return due, why
     sound = {signatures[rank] for rank, record in view.calls[key].items()
              if not malformed(record)}
     if len(sound) == 1 and len(sound) < len(tied):
@@ -113,12 +113,14 @@ def _departure(due: tuple, made: tuple) -> str:
     return " skipped or added a call"
 
 
-def _expected_signature(view: View, key: tuple[str, int, int], tied: set[tuple]) -> tuple | None:
+def _expected_signature(view: View, key: tuple[str, int, int],
+                        tied: set[tuple]) -> tuple[tuple | None, str | None]:
     """Which of the `tied` calls the group's history says this call should be,
-    among the calls (at the same place of a coalesced group) every member agreed
-    on before it. Engine steps repeat the same calls: first the call one period
-    back (the period is the shortest that fits the recent history); else the
-    one call of `tied` the group has made before, where only one has."""
+    and why, among the calls (at the same place of a coalesced group) every
+    member agreed on before it. Engine steps repeat the same calls: first the
+    call one period back (the period is the shortest that fits the recent
+    history); else the one call of `tied` the group has made before, where only
+    one has."""
     group, seq, part = key
     agreed = {}
     for (name, number, place), records in view.calls.items():
@@ -131,6 +133,8 @@ def _expected_signature(view: View, key: tuple[str, int, int], tied: set[tuple])
         recent = numbers[:2 * period]
         if all(agreed.get(n - period, agreed[n]) == agreed[n] for n in recent):
             due = agreed.get(seq - period)
-            return due if due in tied else None
+            return (due, "the group's calls repeat") if due in tied else (None, None)
     familiar = tied & set(agreed.values())
-    return familiar.pop() if len(familiar) == 1 else None
+    if len(familiar) == 1:
+        return familiar.pop(), "the group made it before, never the other"
+    return None, None
