@@ -130,7 +130,7 @@ def test_nccl_dumps_name_the_rank_missing_from_the_majority_even_without_its_dum
         entries.append(nccl_entry(6, world, 7, "nccl:all_reduce", "started"))
         (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
     run = read_fr_dir(str(tmp_path))
-    assert run.notes == ["rank 2: in a process group but no readable dump; kept without records"]
+    assert run.notes == ["rank 2: in a process group but no dump; kept without records"]
     [verdict] = analyze(run.snapshot, POST_MORTEM)
     assert verdict.kind == "collective_missing_peers"
     assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [0, 1, 3]
@@ -153,14 +153,18 @@ def test_nccl_send_recv_are_matched_per_peer_in_global_ranks(tmp_path):
     assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [3]
 
 
-def test_entries_without_the_expected_fields_are_skipped_with_a_note(tmp_path):
-    groups = {"0": ("default_pg", [0])}
-    entries = [nccl_entry(0, ("0", "default_pg"), 1, "nccl:all_reduce", "completed"),
-               {"record_id": 1}, "not a dict"]
-    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
+def test_a_dump_with_an_entry_torch_never_writes_is_unreadable_whole(tmp_path):
+    """Skipping the entry would make its rank seem not to have made that call."""
+    groups = {"0": ("default_pg", [0, 1])}
+    world = ("0", "default_pg")
+    good = [nccl_entry(0, world, 1, "nccl:all_reduce", "completed")]
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(good + ["not a dict"], groups)))
+    (tmp_path / "trace_1").write_bytes(pickle.dumps(nccl_dump(good + [{"record_id": 1}], groups)))
+    (tmp_path / "trace_2").write_bytes(pickle.dumps(nccl_dump(good, groups)))
     run = read_fr_dir(str(tmp_path))
-    assert run.notes == ["rank 0: 2 entries without the expected fields, skipped"]
-    assert len(run.snapshot.ranks[0].collectives) == 1
+    assert run.notes == ["trace_0: entry 1: not a dict, skipped",
+                         "trace_1: entry 1: a process_group that is not (name, desc), skipped"]
+    assert sorted(run.snapshot.unreadable) == [0, 1] and list(run.snapshot.ranks) == [2]
 
 
 PRODUCE_DUMP = """
@@ -244,11 +248,17 @@ def test_coalesced_calls_keep_their_place_and_a_batch_end_is_no_call(tmp_path):
     ("input_sizes", [[4, "64"]]), ("input_sizes", "4x64"), ("input_dtypes", [1]),
     ("process_group", ("0",)), ("record_id", 1.5),
 ])
-def test_an_entry_with_a_field_out_of_type_or_range_is_skipped(tmp_path, field, value):
+def test_an_entry_with_a_field_out_of_type_or_range_makes_its_dump_unreadable(
+        tmp_path, field, value):
     world = ("0", "default_pg")
-    entries = [nccl_entry(i, world, i + 1, "nccl:all_reduce", "completed") for i in range(3)]
-    entries[1][field] = value
-    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(entries, {"0": ("default_pg", [0])})))
+    for rank in (0, 1):
+        entries = [nccl_entry(i, world, i + 1, "nccl:all_reduce", "completed") for i in range(3)]
+        if rank == 0:
+            entries[1][field] = value
+        dump = nccl_dump(entries, {"0": ("default_pg", [0, 1])})
+        (tmp_path / f"trace_{rank}").write_bytes(pickle.dumps(dump))
     run = read_fr_dir(str(tmp_path))
-    assert run.notes == ["rank 0: 1 entries without the expected fields, skipped"]
-    assert [record.seq for record in run.snapshot.ranks[0].collectives] == [1, 3]
+    [note] = run.notes
+    assert note.startswith("trace_0: entry 1: ") and note.endswith(", skipped")
+    assert list(run.snapshot.unreadable) == [0]
+    assert [record.seq for record in run.snapshot.ranks[1].collectives] == [1, 2, 3]

@@ -41,6 +41,8 @@ def _explaining(kept: list[Verdict], verdict: Verdict) -> Verdict | None:
 
 
 def _fold(cause: Verdict, consequence: Verdict) -> None:
-    ranks = set(cause.victim_ranks) | set(consequence.culprit_ranks) | set(consequence.victim_ranks)
+    ranks = set(cause.victim_ranks) | set(consequence.victim_ranks)
+    if consequence.kind != VerdictKind.STATE_UNREADABLE:   # of that rank nothing is known
+        ranks |= set(consequence.culprit_ranks)
     cause.victim_ranks = sorted(ranks - set(cause.culprit_ranks))
     cause.evidence.setdefault(CONSEQUENCES, []).append(consequence.summary)

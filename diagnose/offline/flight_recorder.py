@@ -22,8 +22,10 @@ by what the majority of a group did (the member missing from a seq that the
 others wait in). send/recv are matched by their order per peer within each
 dump, which is right while the dumps' rings still hold every p2p op. gloo
 dumps carry an empty pg_config; a group's members are then the ranks whose
-dumps have entries in it. A rank named in a pg_config but without a readable
-dump is kept, with no records, so that its peers' waits still point at it.
+dumps have entries in it. A rank named in a pg_config but without a dump is
+kept, with no records, so that its peers' waits still point at it; a rank
+whose dump is there but cannot be read is listed as unreadable, as a run dir's
+damaged probe file is, and never makes its waiters culprits.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
-from diagnose.offline.fr_entries import GLOO_UNKNOWN, EntryTimes, records_of
+from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
 
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
@@ -122,7 +124,7 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
     come from the dumps' own clock wherever the files were copied to."""
     notes: list[str] = []
     dumps: dict[int, _Dump] = {}
-    times = EntryTimes()
+    unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
     with _gc_paused():
         for name in _files(path):
             match = RANK_IN_NAME.search(name)
@@ -130,38 +132,36 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
                 notes.append(f"{name}: no rank number at the end of the name, skipped")
                 continue
             rank = int(match.group(1))
-            try:
-                dump = load_dump(os.path.join(path, name))
-            except FlightRecorderError as error:
-                notes.append(f"{error}, skipped")
-                continue
             if rank in dumps:
                 notes.append(f"{name}: a second dump of rank {rank}, skipped")
                 continue
-            dumps[rank] = _digest(dump, times)
+            try:
+                dumps[rank] = _digest(name, load_dump(os.path.join(path, name)), notes)
+            except FlightRecorderError as error:
+                notes.append(f"{error}, skipped")
+                unreadable[rank] = str(error)
         if not dumps:
             reason = "; ".join(notes) if notes else "the directory is empty"
             raise FlightRecorderError(f"{path}: no readable Flight Recorder dump ({reason})")
-        groups = _groups(dumps)
+        groups = _groups(dumps, set(unreadable))
         records: dict[int, list[CollectiveRecord]] = {}
         for rank, dump in sorted(dumps.items()):
             _place(dump.records, groups[rank])
             records[rank] = dump.records
-            if dump.skipped:
-                notes.append(f"rank {rank}: {dump.skipped} entries without the expected fields, "
-                             f"skipped")
         members = {group.label: group.members for by_name in groups.values()
                    for group in by_name.values()}
-        _settle_gloo_states(records, members)
-    taken_at = times.newest or 0.0
+        _settle_gloo_states(records, members, set(unreadable))
+    taken_at = max([dump.newest for dump in dumps.values() if dump.newest is not None],
+                   default=0.0)
     in_groups = {member for ranks in members.values() for member in ranks}
     highest = max(in_groups, default=-1)
     ranks = {rank: _rank_state(rank, records[rank], max(highest, rank) + 1, members, taken_at)
              for rank in records}
-    for rank in sorted(in_groups - set(ranks)):
-        notes.append(f"rank {rank}: in a process group but no readable dump; kept without records")
+    for rank in sorted(in_groups - set(ranks) - set(unreadable)):
+        notes.append(f"rank {rank}: in a process group but no dump; kept without records")
         ranks[rank] = _rank_state(rank, [], highest + 1, members, taken_at)
-    snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())))
+    snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
+                        unreadable=unreadable)
     return FlightRecorderRun(snapshot, notes)
 
 
@@ -209,13 +209,21 @@ class _Dump:
     config: dict[str, tuple[str, frozenset[int]]]  # pg name -> (desc, ranks) from pg_config
     pgs: dict[str, str]         # pg name -> desc, from the entries, the first seen
     records: list[CollectiveRecord]
-    skipped: int                # entries without the expected fields
+    newest: float | None        # the newest time its entries record
 
 
-def _digest(dump: dict, times: EntryTimes) -> _Dump:
-    entries = records_of(dump["entries"][-MAX_ENTRIES:], times)
-    skipped = entries.skipped + max(0, len(dump["entries"]) - MAX_ENTRIES)
-    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, skipped)
+def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
+    """The dump's groups and records, or FlightRecorderError for an entry that is
+    not what torch writes. Of a ring longer than any torch keeps, the last
+    MAX_ENTRIES entries."""
+    count = len(dump["entries"])
+    if count > MAX_ENTRIES:
+        notes.append(f"{name}: {count} entries, the last {MAX_ENTRIES} read")
+    try:
+        entries = records_of(dump["entries"][-MAX_ENTRIES:])
+    except BadEntry as error:
+        raise FlightRecorderError(f"{name}: {error}") from None
+    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, entries.newest)
 
 
 def _config(config) -> dict[str, tuple[str, frozenset[int]]]:
@@ -238,10 +246,11 @@ class _Group:
     members: list[int]      # global ranks, sorted
 
 
-def _groups(dumps: dict[int, _Dump]) -> dict[int, dict[str, _Group]]:
+def _groups(dumps: dict[int, _Dump], unreadable: set[int]) -> dict[int, dict[str, _Group]]:
     """rank -> pg name -> its group, over every rank's pg_config and entries. A pg
     name whose dumps list different ranks (split_group, or a group of one made
-    on each rank) is one group per set of ranks."""
+    on each rank) is one group per set of ranks. The default group holds every
+    rank with a dump, readable or not."""
     descs: dict[str, str] = {}
     rank_sets: dict[str, dict[int, frozenset[int]]] = defaultdict(dict)  # as each dump lists them
     seen: dict[str, set[int]] = defaultdict(set)                         # ranks with entries in it
@@ -267,7 +276,7 @@ def _groups(dumps: dict[int, _Dump]) -> dict[int, dict[str, _Group]]:
             ranks = listed.get(rank) or (next(iter(variants)) if len(variants) == 1
                                          else frozenset(seen[pg_name]))
             if desc == "default_pg":
-                ranks = ranks | set(dumps)
+                ranks = ranks | set(dumps) | unreadable
             if ranks not in made:
                 name = label if len(variants) < 2 else f"{label}{_rank_text(ranks)}"
                 made[ranks] = _Group(name, sorted(ranks))
@@ -318,11 +327,12 @@ def _place(records: list[CollectiveRecord], groups: dict[str, _Group]) -> None:
 
 
 def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
-                        members: dict[str, list[int]]) -> None:
+                        members: dict[str, list[int]], unreadable: set[int]) -> None:
     """gloo leaves every entry 'scheduled' (and 'retired' says little: a timed-out
     wait is retired too). Its calls block, so an entry the rank made another call
     after has completed; its last entry completed if every member of the group
-    reached that seq, else the rank is still waiting in it."""
+    whose dump could be read reached that seq, else the rank is still waiting
+    in it."""
     last_calls = {(rank_records[-1].group, rank_records[-1].seq)
                   for rank_records in records.values()
                   if rank_records and rank_records[-1].state == GLOO_UNKNOWN}
@@ -339,7 +349,8 @@ def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
                 record.state, record.t_complete = "completed", after.t_enqueue
                 continue
             arrivals = reached.get((record.group, record.seq), {})
-            if record.peer is None and set(members.get(record.group, [])) <= set(arrivals):
+            if record.peer is None and set(members.get(record.group, [])) - unreadable \
+                    <= set(arrivals):
                 record.state, record.t_complete = "completed", max(arrivals.values())
             else:
                 record.state = "enqueued"

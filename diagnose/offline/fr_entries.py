@@ -2,9 +2,10 @@
 
 Every field the reader uses is checked for the type and range torch writes
 (torch's own tests write seq ids as strings and dtypes as one string; both are
-taken), so that a dump made by hand or damaged on its way gives an entry that
-is skipped, never a value the analysis chokes on (an infinite time, a name
-that is a 100,000-deep list).
+taken). One entry that fails makes the whole dump unreadable: a dump made by
+hand or damaged on its way never gives a value the analysis chokes on (an
+infinite time, a name that is a 100,000-deep list), and never a rank that
+seems not to have made a call only because its entry was dropped.
 
 Calls of a coalesced group (a `_coalescing_manager` block, an uneven
 all_gather made of `_broadcast_oop`s, `batch_isend_irecv`) share one seq id.
@@ -39,41 +40,35 @@ class BadEntry(ValueError):
 
 
 @dataclass
-class EntryTimes:
-    """The newest time the usable entries of the dumps record."""
-    newest: float | None = None
-
-
-@dataclass
 class RankEntries:
-    """One rank's usable entries: as records (their group still the pg name and
-    their peer group-local), the pgs they name (pg name -> desc, the first
-    seen), and how many entries were unusable."""
+    """One rank's entries: as records (their group still the pg name and their
+    peer group-local), the pgs they name (pg name -> desc, the first seen), and
+    the newest time they record."""
     records: list[CollectiveRecord]
     pgs: dict[str, str]
-    skipped: int
+    newest: float | None
 
 
-def records_of(entries: list, times: EntryTimes) -> RankEntries:
-    """The usable entries in the order the rank made them."""
-    usable, skipped = [], 0
-    for entry in entries:
+def records_of(entries: list) -> RankEntries:
+    """The entries in the order the rank made them; BadEntry, naming the first
+    that is not what torch writes."""
+    numbered = []
+    for index, entry in enumerate(entries):
         try:
-            usable.append((_record_id(entry), entry))
-        except BadEntry:
-            skipped += 1
-    usable.sort(key=lambda pair: pair[0])
-    records, pgs = [], {}
-    for _, entry in usable:
+            numbered.append((_record_id(entry), index, entry))
+        except BadEntry as error:
+            raise BadEntry(f"entry {index}: {error}") from None
+    numbered.sort(key=lambda triple: triple[0])
+    found = RankEntries([], {}, None)
+    for _, index, entry in numbered:
         try:
-            record = _record(entry, times, pgs)
-        except BadEntry:
-            skipped += 1
-            continue
+            record = _record(entry, found)
+        except BadEntry as error:
+            raise BadEntry(f"entry {index}: {error}") from None
         if record is not None:
-            records.append(record)
-    _number_parts(records, wrapped=bool(usable) and usable[0][0] > 0)
-    return RankEntries(records, pgs, skipped)
+            found.records.append(record)
+    _number_parts(found.records, wrapped=bool(numbered) and numbered[0][0] > 0)
+    return found
 
 
 def _record_id(entry) -> int:
@@ -82,29 +77,29 @@ def _record_id(entry) -> int:
     return _count(entry.get("record_id", 0))
 
 
-def _record(entry: dict, times: EntryTimes, pgs: dict[str, str]) -> CollectiveRecord | None:
+def _record(entry: dict, found: RankEntries) -> CollectiveRecord | None:
     """This runs for every entry of every dump (2000 a rank by default), so the
     checks are plain type tests and the names and dtypes, which repeat, are
     parsed once."""
     get = entry.get
     pg = get("process_group")
     if not (type(pg) in (list, tuple) and len(pg) == 2 and _plain(pg[0]) and _plain(pg[1])):
-        raise BadEntry("process_group")
+        raise BadEntry("a process_group that is not (name, desc)")
     gloo, op, peer = _name(get("profiling_name"))
     if op == COALESCED_END and get("is_p2p") is True:
         return None                      # closes a batch of send/recv: no call of its own
     state = get("state")
     created = _seconds(get("time_created_ns"))
     if type(state) is not str or created is None:
-        raise BadEntry("state or time_created_ns")
+        raise BadEntry("no state or no time_created_ns")
     completed = _seconds(get("time_discovered_completed_ns"))
     started = _seconds(get("time_discovered_started_ns"))
     newest = max(created, completed or 0.0, started or 0.0)
-    if times.newest is None or newest > times.newest:
-        times.newest = newest
+    if found.newest is None or newest > found.newest:
+        found.newest = newest
     name = str(pg[0])
-    if name not in pgs:
-        pgs[name] = str(pg[1])
+    if name not in found.pgs:
+        found.pgs[name] = str(pg[1])
     done = state == "completed"
     return CollectiveRecord(
         group=name, seq=_count(get("collective_seq_id")), op=op, peer=peer,
