@@ -130,7 +130,7 @@ def test_nccl_dumps_name_the_rank_missing_from_the_majority_even_without_its_dum
         entries.append(nccl_entry(6, world, 7, "nccl:all_reduce", "started"))
         (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
     run = read_fr_dir(str(tmp_path))
-    assert run.notes == ["rank 2: in a process group but no readable dump; kept without records"]
+    assert run.notes == ["rank 2: in a process group but no dump; kept without records"]
     [verdict] = analyze(run.snapshot, POST_MORTEM)
     assert verdict.kind == "collective_missing_peers"
     assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [0, 1, 3]
@@ -153,14 +153,18 @@ def test_nccl_send_recv_are_matched_per_peer_in_global_ranks(tmp_path):
     assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [3]
 
 
-def test_entries_without_the_expected_fields_are_skipped_with_a_note(tmp_path):
-    groups = {"0": ("default_pg", [0])}
-    entries = [nccl_entry(0, ("0", "default_pg"), 1, "nccl:all_reduce", "completed"),
-               {"record_id": 1}, "not a dict"]
-    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(entries, groups)))
+def test_a_dump_with_an_entry_torch_never_writes_is_unreadable_whole(tmp_path):
+    """Skipping the entry would make its rank seem not to have made that call."""
+    groups = {"0": ("default_pg", [0, 1])}
+    world = ("0", "default_pg")
+    good = [nccl_entry(0, world, 1, "nccl:all_reduce", "completed")]
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(good + ["not a dict"], groups)))
+    (tmp_path / "trace_1").write_bytes(pickle.dumps(nccl_dump(good + [{"record_id": 1}], groups)))
+    (tmp_path / "trace_2").write_bytes(pickle.dumps(nccl_dump(good, groups)))
     run = read_fr_dir(str(tmp_path))
-    assert run.notes == ["rank 0: 2 entries without the expected fields, skipped"]
-    assert len(run.snapshot.ranks[0].collectives) == 1
+    assert run.notes == ["trace_0: entry 1: not a dict, skipped",
+                         "trace_1: entry 1: a process_group that is not (name, desc), skipped"]
+    assert sorted(run.snapshot.unreadable) == [0, 1] and list(run.snapshot.ranks) == [2]
 
 
 PRODUCE_DUMP = """
@@ -181,3 +185,80 @@ def test_the_installed_torch_writes_what_the_reader_expects(tmp_path):
     [record] = run.snapshot.ranks[0].collectives
     assert (record.group, record.op, record.seq, record.shapes) == ("tp0", "all_reduce", 1, [[3, 5]])
     assert record.state == "completed"
+
+
+def test_ages_come_from_the_dumps_own_clock_wherever_the_files_are(tmp_path):
+    """Copied to another machine a day later, the dumps still say what they said."""
+    directory = copy_fixture("fr_nccl_hang", tmp_path)
+    for path in directory.iterdir():
+        os.utime(path, (2e9, 2e9))
+    run = read_fr_dir(str(directory))
+    newest = max(max(record.t_enqueue, record.t_complete or 0.0)
+                 for state in run.snapshot.ranks.values() for record in state.collectives)
+    assert run.snapshot.taken_at == newest
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert "was 0 s before the snapshot" in verdict.summary
+
+
+def test_a_dtype_given_as_one_string_is_that_dtype(tmp_path):
+    groups = {"0": ("default_pg", [0, 1])}
+    for rank, rows in ((0, 4), (1, 8)):
+        entry = nccl_entry(0, ("0", "default_pg"), "1", "nccl:all_reduce", "completed")
+        entry["input_dtypes"] = entry["output_dtypes"] = "float32"
+        entry["input_sizes"] = entry["output_sizes"] = [[rows, 64]]
+        (tmp_path / f"trace_{rank}").write_bytes(pickle.dumps(nccl_dump([entry], groups)))
+    run = read_fr_dir(str(tmp_path))
+    assert {state.collectives[0].dtype for state in run.snapshot.ranks.values()} == {"float32"}
+    [verdict] = analyze(run.snapshot, POST_MORTEM)
+    assert "all_reduce [[4, 64]] float32" in verdict.summary
+
+
+def test_a_group_whose_dumps_list_other_ranks_is_one_group_per_set(tmp_path):
+    """A pg name each rank made with itself alone: two groups, not one of two ranks."""
+    for rank in (0, 1):
+        dump = nccl_dump([nccl_entry(0, ("1", "solo"), 1, "nccl:all_reduce", "completed")],
+                         {"0": ("default_pg", [0, 1]), "1": ("solo", [rank])})
+        (tmp_path / f"trace_{rank}").write_bytes(pickle.dumps(dump))
+    run = read_fr_dir(str(tmp_path))
+    assert [state.collectives[0].group for state in run.snapshot.ranks.values()] == [
+        "solo[0]", "solo[1]"]
+    assert run.snapshot.ranks[0].identity.groups["solo[1]"] == [1]
+
+
+def test_coalesced_calls_keep_their_place_and_a_batch_end_is_no_call(tmp_path):
+    world = ("0", "default_pg")
+    entries = [nccl_entry(5, world, 3, "nccl:_broadcast_oop", "completed"),
+               nccl_entry(6, world, 3, "nccl:_broadcast_oop", "completed"),
+               nccl_entry(7, world, 3, "nccl:ALLGATHER_coalesced", "completed"),
+               nccl_entry(8, world, 4, "nccl:all_reduce", "completed"),
+               nccl_entry(9, world, 4, "nccl:all_reduce", "completed"),
+               nccl_entry(10, world, 4, "nccl:send 0->1", "completed"),
+               nccl_entry(11, world, 4, "nccl:coalesced", "completed")]
+    entries[-1]["is_p2p"] = True
+    (tmp_path / "trace_0").write_bytes(pickle.dumps(nccl_dump(entries, {"0": ("default_pg", [0, 1])})))
+    records = read_fr_dir(str(tmp_path)).snapshot.ranks[0].collectives
+    assert [(r.op, r.seq, r.part) for r in records] == [
+        ("_broadcast_oop", 3, None), ("_broadcast_oop", 3, None), ("ALLGATHER_coalesced", 3, None),
+        ("all_reduce", 4, 0), ("all_reduce", 4, 1), ("send", 0, 0)]   # the ring cut seq 3's start
+
+
+@pytest.mark.parametrize("field, value", [
+    ("time_created_ns", float("inf")), ("time_created_ns", 10 ** 40), ("time_created_ns", "0"),
+    ("collective_seq_id", -1), ("collective_seq_id", True), ("profiling_name", ["nccl"]),
+    ("input_sizes", [[4, "64"]]), ("input_sizes", "4x64"), ("input_dtypes", [1]),
+    ("process_group", ("0",)), ("record_id", 1.5),
+])
+def test_an_entry_with_a_field_out_of_type_or_range_makes_its_dump_unreadable(
+        tmp_path, field, value):
+    world = ("0", "default_pg")
+    for rank in (0, 1):
+        entries = [nccl_entry(i, world, i + 1, "nccl:all_reduce", "completed") for i in range(3)]
+        if rank == 0:
+            entries[1][field] = value
+        dump = nccl_dump(entries, {"0": ("default_pg", [0, 1])})
+        (tmp_path / f"trace_{rank}").write_bytes(pickle.dumps(dump))
+    run = read_fr_dir(str(tmp_path))
+    [note] = run.notes
+    assert note.startswith("trace_0: entry 1: ") and note.endswith(", skipped")
+    assert list(run.snapshot.unreadable) == [0]
+    assert [record.seq for record in run.snapshot.ranks[1].collectives] == [1, 2, 3]

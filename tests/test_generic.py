@@ -87,6 +87,24 @@ def test_rank_that_skips_all_reduce_is_named(tmp_path):
     assert analyze_again(run_dir)[0] == ("collective_missing_peers", [1])
 
 
+def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_path):
+    """Rank 2 skips the all_reduce of step 10 and trains on: its calls pair with
+    its peers' next ones until its final barrier meets their last all_reduce,
+    29 calls later. Counted per call site, it made one all_reduce fewer."""
+    done, body, run_dir = launch(tmp_path, "dp_train.py", 4, "skip_once:2:10")
+    assert done.returncode == 86, done.stderr[-2000:]
+    verdict = body["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"], verdict["seq"]) == (
+        "collective_mismatch", [2], 39)
+    assert verdict["summary"].endswith("rank 2 made 39 all_reduce calls at "
+                                       "programs/toy_steps.py:42 train_step where ranks 0-1 "
+                                       "and 3 made 40")
+    counts = verdict["evidence"]["calls_per_site"]["counts"]
+    assert counts["all_reduce calls at programs/toy_steps.py:42 train_step"] == {
+        "0": 40, "1": 40, "2": 39, "3": 40}
+    assert analyze_again(run_dir)[0] == ("collective_mismatch", [2])
+
+
 def test_pipeline_stage_that_never_sends_is_named(tmp_path):
     done, body, run_dir = launch(tmp_path, "pipeline.py", 4, "no_send:2:5")
     assert done.returncode == 86, done.stderr[-2000:]

@@ -25,31 +25,41 @@ side of a send/recv a peer waits in) is the culprit of that collective even
 where the graph has a cycle through the driver (collectives.py). On a GPU the
 host returns from a collective once it is enqueued: a call the device has not
 finished still counts as unfinished, and a rank whose GPU has not even reached
-it waits on no one but its own GPU (`gpu_stuck`). A job that hung and was then
+it waits on no one but its own GPU (`gpu_stuck`); so does a rank whose host
+left a step phase while its GPU has not finished that phase's work, which is
+how a single GPU shows a stop (device.py). A job that hung and was then
 stopped is judged as it stood just before its first death (timeline.py), so
 the hang, not the kill, is named; a job diag launch stopped (exit.json says
 when) is judged as it stood when the stop began, so the stop is no death. In
 a multi-node job, a node whose agent went silent is `node_lost`: the verdicts
-that blame its ranks, whose state is stale, give way to that one.
+that blame its ranks, whose state is stale, give way to that one. A rank whose
+probe file cannot be read is not seen, but its peers still wait on it: where
+they stall, the verdict names it and says that its state is unknown
+(`state_unreadable`), never a waiter. One root cause has one culprit: a later
+verdict that blames a rank an earlier one explains (its culprit, or a rank
+waiting on it) is folded into the earlier one as a consequence (causes.py).
 
 The driver is not a rank: where it is a culprit or a victim, verdicts say so
 in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
 
 The modules: view.py (the snapshot indexed), position.py (where a process is
-and when it last moved), graph.py, one module per rule family (dead,
-collectives, roots, straggler), wording.py (the sentences).
+and when it last moved), graph.py, one module per rule family (dead, mismatch
+with calls.py and sites.py, collectives, device, roots, straggler), causes.py
+(consequences folded into their cause), wording.py (the sentences).
 """
 from __future__ import annotations
 
-from diagnose.analysis.collectives import (mismatch_verdicts, skipped_collective_verdicts,
-                                           skipped_p2p_verdicts)
-from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts
+from diagnose.analysis.causes import fold_consequences
+from diagnose.analysis.collectives import skipped_collective_verdicts, skipped_p2p_verdicts
+from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts, unreadable_verdicts
+from diagnose.analysis.device import gpu_work_verdicts
 from diagnose.analysis.graph import wait_for_graph
+from diagnose.analysis.mismatch import mismatch_verdicts
 from diagnose.analysis.roots import root_verdicts
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
 from diagnose.analysis.timeline import at_stop, recent, rewind
-from diagnose.analysis.view import View, shutdown_starts
+from diagnose.analysis.view import Node, View, shutdown_starts
 from diagnose.core.snapshot import Snapshot, Verdict
 
 
@@ -57,7 +67,7 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
     """Verdicts, the most likely root cause first; an empty list means healthy."""
     if snapshot.stop is not None:
         snapshot = at_stop(snapshot)
-    verdicts = _judge(recent(snapshot), thresholds or Thresholds())
+    verdicts = fold_consequences(_judge(recent(snapshot), thresholds or Thresholds()))
     lost = [node for node in snapshot.nodes if node.lost]
     return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts
 
@@ -86,4 +96,13 @@ def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
     verdicts += skipped_collective_verdicts(view, graph, limits)
     verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
     named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
-    return verdicts + root_verdicts(view, graph, limits, named)
+    verdicts += gpu_work_verdicts(view, graph, limits, named)
+    named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    verdicts += root_verdicts(view, _explained(graph, named), limits, named)
+    return verdicts + unreadable_verdicts(view, graph, limits)
+
+
+def _explained(graph: dict[Node, set[Node]], named: set[int]) -> dict[Node, set[Node]]:
+    """The graph without the waits of ranks already named: they wait because of
+    their own fault, so whatever they wait on is no root of anything."""
+    return {node: set() if node in named else waits for node, waits in graph.items()}

@@ -1,8 +1,7 @@
-"""Collectives the members disagree on, and calls a member went past without making."""
+"""Calls a member went past without making: a collective, or its side of a send/recv."""
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from dataclasses import asdict
+from collections import defaultdict
 
 from diagnose.analysis.graph import reachers, waited_by
 from diagnose.analysis.position import current_step, phase_name, position
@@ -12,59 +11,6 @@ from diagnose.analysis.wording import (Words, at_frame, doing, rank_evidence, ra
                                        verb, who)
 from diagnose.core.snapshot import CollectiveRecord, Verdict
 from diagnose.core.vocab import VerdictKind
-
-
-def mismatch_verdicts(view: View) -> list[Verdict]:
-    """Members at the same seq of a group that call different ops, shapes or dtypes:
-    the first such seq of each group; the minority are the culprits."""
-    verdicts, reported = [], set()
-    disagreeing = [key for key in view.joined if key in view.disagreeing]
-    for group, seq in sorted(disagreeing, key=lambda key: key[1]):
-        records = view.joined[(group, seq)]
-        if group in reported or len(records) < 2:
-            continue
-        signatures = {rank: signature(record) for rank, record in records.items()}
-        counts = Counter(signatures.values())
-        if len(counts) < 2:
-            continue
-        reported.add(group)
-        top = counts.most_common()
-        majority = top[0][0] if top[0][1] > top[1][1] else None
-        rhythm = None
-        if majority is None:  # a tie (two ranks, say): the side that keeps the rhythm wins
-            rhythm = _expected_signature(view, group, seq)
-            majority = rhythm if rhythm in counts else None
-        culprits = sorted(rank for rank, sig in signatures.items() if sig != majority)
-        victims = sorted(rank for rank, sig in signatures.items() if sig == majority)
-        calls = "; ".join(f"{rank_list(r for r, s in signatures.items() if s == sig)}: "
-                          f"{describe_call(sig)}" for sig, _ in top)
-        words = Words(f"{group} seq {seq}: members disagree on the collective: {calls}")
-        if rhythm:
-            words.add(f"; {describe_call(majority)} was due (the group's calls repeat), so ")
-            words.culprit(rank_list(culprits)).add(" skipped or added a call")
-        verdicts.append(Verdict(
-            kind=VerdictKind.COLLECTIVE_MISMATCH, culprit_ranks=culprits, victim_ranks=victims,
-            summary=words.text, spans=words.spans,
-            group=group, seq=seq, step=current_step(view.ranks[culprits[0]]),
-            evidence={"calls": {str(rank): asdict(record) for rank, record in records.items()}}))
-    return verdicts
-
-
-def _expected_signature(view: View, group: str, seq: int) -> tuple | None:
-    """What the group's rhythm says call `seq` should be. Engine steps repeat the
-    same calls, so it is the call one period back, among the calls every member
-    agreed on; the period is the shortest that fits the recent history."""
-    agreed = {}
-    for (name, number), records in view.joined.items():
-        signatures = {signature(record) for record in records.values()}
-        if name == group and number < seq and len(records) > 1 and len(signatures) == 1:
-            agreed[number] = signatures.pop()
-    numbers = sorted(agreed, reverse=True)
-    for period in range(1, len(numbers) // 2 + 1):
-        recent = numbers[:2 * period]
-        if all(agreed.get(n - period, agreed[n]) == agreed[n] for n in recent):
-            return agreed.get(seq - period)
-    return None
 
 
 def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
@@ -164,12 +110,3 @@ def _went_past(view: View, member: int, group: str, seq: int, waiters: list[int]
         if behind is None or ahead <= behind:
             return False
     return True
-
-
-def signature(record: CollectiveRecord) -> tuple:
-    return (record.op, tuple(tuple(shape) for shape in record.shapes), record.dtype)
-
-
-def describe_call(signature: tuple) -> str:
-    op, shapes, dtype = signature
-    return f"{op} {[list(shape) for shape in shapes]} {dtype}"

@@ -1,11 +1,14 @@
-"""Processes that died, and nodes whose agent went silent."""
+"""Processes that died, ranks whose state cannot be read, and nodes whose agent
+went silent: the processes the analysis cannot see as they are."""
 from __future__ import annotations
 
 from diagnose.analysis.graph import reachers, record_waits, waited_by
-from diagnose.analysis.position import current_step, innermost, last_progress
+from diagnose.analysis.position import current_step, innermost, last_progress, phase_name
+from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Death, Node, View
 from diagnose.analysis.wording import (Words, exit_text, rank_evidence, rank_list, ranks_of,
                                        signal_number, who)
+from diagnose.core.layout import rank_name
 from diagnose.core.snapshot import NodeState, Verdict
 from diagnose.core.vocab import VerdictKind
 
@@ -59,6 +62,38 @@ def _first_death(view: View, abnormal: list[Death]) -> Death:
 
     return min(close, key=lambda death: (waited_on_dead(death),
                                          last_progress(view.state(death.node)), death.at))
+
+
+def unreadable_verdicts(view: View, graph: dict[Node, set[Node]],
+                        limits: StallLimits) -> list[Verdict]:
+    """A rank whose file cannot be read, that others have waited on longer than
+    their stall limit: named as what it is, unknown, so that the ranks waiting
+    on it are never taken for the root."""
+    verdicts, reverse = [], waited_by(graph)
+    for rank, why in sorted(view.unreadable.items()):
+        waiting = [node for node, outs in graph.items() if rank in outs]
+        stalls = [(view.now - last_progress(view.state(node)),
+                   limits.limit(phase_name(view.state(node)))) for node in waiting]
+        if not stalls or any(stall < limit for stall, limit in stalls):
+            continue
+        stall = min(stall for stall, _ in stalls)
+        victims = reachers(reverse, {rank})
+        words = Words().culprit(_unseen_name(view, rank)).add(
+            f": its state cannot be read ({why})").waiting(victims).add(f" for {stall:.0f} s")
+        verdicts.append(Verdict(
+            kind=VerdictKind.STATE_UNREADABLE, culprit_ranks=[rank],
+            victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
+            detected_after_s=round(stall, 3), evidence={"unreadable": why}))
+    return verdicts
+
+
+def _unseen_name(view: View, rank: int) -> str:
+    """The rank's name as the layout its peers share gives it."""
+    for state in view.ranks.values():
+        ident = state.identity
+        if ident.tp_size and ident.pp_size:
+            return rank_name(rank, rank // ident.tp_size, ident.pp_size, rank % ident.tp_size)
+    return rank_name(rank, None, None, None)
 
 
 def node_lost_verdicts(lost: list[NodeState], verdicts: list[Verdict],

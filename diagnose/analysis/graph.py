@@ -41,7 +41,7 @@ def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
     if record.op in P2P_OPS:
         peer = record.peer
         if peer not in view.ranks:
-            return set()
+            return {peer} if peer in view.unreadable else set()
         other_op = "recv" if record.op == "send" else "send"
         match = view.p2p.get((record.group, other_op, peer, rank, record.seq))
         matched = view.highest_seq.get((record.group, other_op, peer, rank), -1) >= record.seq

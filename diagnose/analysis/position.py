@@ -20,9 +20,11 @@ def last_progress(state: RankState) -> float:
 
 
 def device_progress(state: RankState) -> float:
-    """The last time the rank's GPU was seen to finish a traced call."""
+    """The last time the rank's GPU was seen to finish a traced call or a step
+    phase's work."""
     return max([record.t_device_done for record in state.collectives
-                if record.t_device_done is not None], default=state.started_at)
+                if record.t_device_done is not None]
+               + [state.device_done_at or state.started_at], default=state.started_at)
 
 
 def current_step(state: RankState) -> int | None:

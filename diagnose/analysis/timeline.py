@@ -34,10 +34,13 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
                   if event.start <= when]
         records = [_record_at(record, when)
                    for record in state.collectives if record.t_enqueue <= when]
+        work, done_at = state.device_pending, state.device_done_at
         return replace(state, alive=True, heartbeat_at=min(state.heartbeat_at, when),
                        phases=phases, open_phases=[event for event in phases if event.end is None],
                        collectives=records,
-                       worker_exits=[exit for exit in state.worker_exits if exit.at <= when])
+                       worker_exits=[exit for exit in state.worker_exits if exit.at <= when],
+                       device_pending=work if work and work.host_left_at <= when else None,
+                       device_done_at=done_at if done_at and done_at <= when else None)
 
     driver = state_at(snapshot.driver) if snapshot.driver is not None else None
     return replace(snapshot, taken_at=when, driver=driver, command_exit=None,

@@ -30,17 +30,23 @@ class View:
         self.ranks = snapshot.ranks
         self.driver = snapshot.driver
         self.deaths = find_deaths(snapshot)
-        # (group, seq) -> {rank: record} for group collectives
+        # ranks whose state cannot be read: their peers' waits still point at them
+        self.unreadable = {rank: why for rank, why in snapshot.unreadable.items()
+                           if rank not in self.ranks}
+        # (group, seq) -> {rank: its last record there} for group collectives: whether
+        # the rank is done with the call (a coalesced group's calls share a seq)
         self.joined: dict[tuple[str, int], dict[int, CollectiveRecord]] = {}
+        # (group, seq, part) -> {rank: record}: each call of a coalesced group on its own
+        self.calls: dict[tuple[str, int, int], dict[int, CollectiveRecord]] = {}
         # (group, rank) or (group, op, rank, peer) -> the highest seq seen
         self.highest_seq: dict[tuple, int] = {}
         # (group, op, rank, peer, seq) -> record, for send/recv
         self.p2p: dict[tuple, CollectiveRecord] = {}
         # rank -> the earliest record it has not completed: where it is blocked
         self.pending: dict[int, CollectiveRecord] = {}
-        # (group, seq) where a member's call differs from the first one indexed
-        # there: the only places a mismatch can be
-        self.disagreeing: set[tuple[str, int]] = set()
+        # (group, seq, part) where a member's call differs from the first one
+        # indexed there: the only places a mismatch can be
+        self.disagreeing: set[tuple[str, int, int]] = set()
         self._blockers: dict[tuple[str, int], set[int]] = {}
         for rank, state in self.ranks.items():
             self._index(rank, state.collectives)
@@ -50,7 +56,7 @@ class View:
         """This loop meets every record of the snapshot, so it keeps to local
         names and one pass: at 1024 ranks x 2000 records that is most of the
         analysis's time."""
-        joined, highest_seq, p2p = self.joined, self.highest_seq, self.p2p
+        joined, calls, highest_seq, p2p = self.joined, self.calls, self.highest_seq, self.p2p
         waiting = None
         for record in records:
             group, seq = record.group, record.seq
@@ -63,11 +69,20 @@ class View:
                 if members is None:
                     joined[(group, seq)] = {rank: record}
                 else:
-                    first = next(iter(members.values()))
-                    if (record.op != first.op or record.shapes != first.shapes
-                            or record.dtype != first.dtype):
-                        self.disagreeing.add((group, seq))
                     members[rank] = record
+                part = record.part
+                if part is not None:
+                    members = calls.get((group, seq, part))
+                    if members is None:
+                        calls[(group, seq, part)] = {rank: record}
+                    else:
+                        first = next(iter(members.values()))
+                        if (record.op != first.op or record.shapes != first.shapes
+                                or record.dtype != first.dtype
+                                or record.out_shapes != first.out_shapes
+                                or record.out_dtype != first.out_dtype):
+                            self.disagreeing.add((group, seq, part))
+                        members[rank] = record
             highest = highest_seq.get(key, -1)
             highest_seq[key] = seq if seq > highest else highest
             if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
@@ -90,17 +105,21 @@ class View:
         if found is None:
             joined = self.joined.get(key, {})
             found = self._blockers[key] = {
-                member for member in self.groups.get(group, []) if member in self.ranks
+                member for member in self.groups.get(group, [])
+                if (member in self.ranks or member in self.unreadable)
                 and (not self.has_joined(member, group, seq)
                      or (member in joined and unfinished(joined[member])))}
         return found
 
     def output_rank(self) -> int | None:
-        """The rank that returns the sampled tokens: last PP stage, TP rank 0."""
-        for rank, state in self.ranks.items():
+        """The rank that returns the sampled tokens: last PP stage, TP rank 0 (whose
+        state may be unreadable: the layout says which it is)."""
+        for state in self.ranks.values():
             ident = state.identity
-            if ident.tp_rank == 0 and ident.pp_size is not None and ident.pp_rank == ident.pp_size - 1:
-                return rank
+            if ident.tp_size and ident.pp_size:
+                output = (ident.pp_size - 1) * ident.tp_size
+                if output in self.ranks or output in self.unreadable:
+                    return output
         return max(self.ranks) if self.ranks else None
 
 

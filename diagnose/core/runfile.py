@@ -10,12 +10,13 @@ a torn or overwritten record is dropped, never misread.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
 from dataclasses import dataclass
 
-from diagnose.core.snapshot import CollectiveRecord, KVStats, PhaseEvent, WorkerExit
+from diagnose.core.snapshot import CollectiveRecord, DeviceWork, KVStats, PhaseEvent, WorkerExit
 
 MAGIC = b"DIAGPRB\x00"
 VERSION = 2
@@ -29,11 +30,17 @@ COLLECTIVE_CAPACITY = 64
 OPEN_STACK_DEPTH = 8
 EXITS_CAPACITY = 32
 HEARTBEAT_S = 0.1           # the writer's heartbeat period
+MAX_IDENTITY = 1 << 20      # identity JSON bytes a reader takes: groups of a large job fit
+MAX_PID = 2 ** 31 - 1
 FATAL_MAIN_THREAD = "diag: main thread"
 
 # Header, at offset 0 (128 bytes reserved).
 HEADER = struct.Struct("<8sIIqdd8I")
 HEADER_SIZE = 128
+# The GPU's progress through the step phases' work, in the header's spare
+# bytes (files written before it have zeros there: nothing known).
+DEVICE_WORK = struct.Struct("<ddq32s")       # done_at, pending_since, pending_step, pending_phase
+DEVICE_WORK_AT = HEADER.size
 
 # Live fields, at offset LIVE (see docs/run-dir.md for each offset).
 LIVE = HEADER_SIZE
@@ -84,7 +91,8 @@ IDENTITY_AT = COLL_RING_AT + COLLECTIVE_CAPACITY * COLL_RECORD_SIZE
 
 
 class ProbeFileError(Exception):
-    """A probe file that cannot be read: too short, wrong magic or version."""
+    """A probe file that cannot be read: too short, wrong magic or version, or
+    values no writer writes (a pid of -1, a time that is not finite)."""
 
 
 def probe_file_name(rank: int | None) -> str:
@@ -214,6 +222,16 @@ class RunFileWriter:
         FRAME.pack_into(self.mm, FRAME_AT, frame.encode())
         HEARTBEAT.pack_into(self.mm, HEARTBEAT_AT, now, count)
 
+    def device_work(self, done_at: float, pending: DeviceWork | None) -> None:
+        """When the GPU last finished a step phase's work, and the oldest work it
+        has not finished (the phase the host left, its step, when it left)."""
+        if pending is None:
+            DEVICE_WORK.pack_into(self.mm, DEVICE_WORK_AT, done_at, 0.0, NO_STEP, b"")
+        else:
+            DEVICE_WORK.pack_into(self.mm, DEVICE_WORK_AT, done_at, pending.host_left_at,
+                                  NO_STEP if pending.step is None else pending.step,
+                                  pending.phase.encode())
+
     def dump_request(self) -> int:
         return COUNTER.unpack_from(self.mm, DUMP_REQUEST_AT)[0]
 
@@ -248,6 +266,8 @@ class ProbeData:
     fault_spec: str
     fault_fired_at: float | None
     worker_exits: list[WorkerExit]
+    device_done_at: float | None = None
+    device_pending: DeviceWork | None = None
 
 
 def read_header(raw: bytes) -> Header:
@@ -265,6 +285,13 @@ def read_header(raw: bytes) -> Header:
     if size != IDENTITY_AT + identity_length:
         raise ProbeFileError(f"header says {size} bytes but identity ends at "
                              f"{IDENTITY_AT + identity_length}")
+    if identity_length > MAX_IDENTITY:
+        raise ProbeFileError(f"identity of {identity_length} bytes, over the {MAX_IDENTITY} "
+                             f"a reader takes")
+    if not 0 < pid <= MAX_PID:
+        raise ProbeFileError(f"pid {pid} is no process's")
+    if not (math.isfinite(create_time) and math.isfinite(started_at)):
+        raise ProbeFileError("start times are not finite")
     return Header(pid, create_time, started_at, size, identity_length)
 
 
@@ -281,10 +308,12 @@ def read_probe(fd: int, history: int, cache: dict | None = None) -> ProbeData:
     (heartbeat_at, heartbeat_count, phase_head, depth, coll_head, ring_written, ring_read,
      dump_request, dump_done, exits_count, fired_at, fault_spec, kv_step, used, free,
      allocated, freed, preempted, frame) = LIVE_FIELDS.unpack_from(raw, LIVE)
+    if not math.isfinite(heartbeat_at):
+        raise ProbeFileError("heartbeat time is not finite")
     open_phases = [PhaseEvent(_text(name), _step(step), start, None)
                    for name, step, start in OPEN_ENTRY.iter_unpack(
                        raw[OPEN_STACK_AT:OPEN_STACK_AT + min(depth, OPEN_STACK_DEPTH)
-                           * OPEN_ENTRY.size])]
+                           * OPEN_ENTRY.size]) if math.isfinite(start)]
     known = {} if cache is None else cache
     fresh = {}
     phases = _read_ring(raw, PHASE_RING_AT, PHASE_RECORD_SIZE, PHASE_CAPACITY, phase_head,
@@ -302,8 +331,17 @@ def read_probe(fd: int, history: int, cache: dict | None = None) -> ProbeData:
                                                    preempted),
         ring_written=ring_written, ring_read=ring_read,
         dump_request=dump_request, dump_done=dump_done,
-        fault_spec=_text(fault_spec), fault_fired_at=fired_at or None,
-        worker_exits=_read_exits(raw, exits_count))
+        fault_spec=_text(fault_spec),
+        fault_fired_at=fired_at if fired_at and math.isfinite(fired_at) else None,
+        worker_exits=_read_exits(raw, exits_count), **_device_work(raw))
+
+
+def _device_work(raw: bytes) -> dict:
+    done_at, since, step, phase = DEVICE_WORK.unpack_from(raw, DEVICE_WORK_AT)
+    pending = (DeviceWork(_text(phase), _step(step), since)
+               if since > 0 and math.isfinite(since) else None)
+    return {"device_done_at": done_at if done_at > 0 and math.isfinite(done_at) else None,
+            "device_pending": pending}
 
 
 def read_identity(fd: int, header: Header) -> dict:
@@ -313,7 +351,7 @@ def read_identity(fd: int, header: Header) -> dict:
                              f"{header.identity_length} bytes")
     try:
         identity = json.loads(raw)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ProbeFileError(f"identity is not JSON: {error}") from None
     if not isinstance(identity, dict):
         raise ProbeFileError("identity is not a JSON object")
@@ -335,7 +373,7 @@ def _read_ring(raw: bytes, ring_at: int, size: int, capacity: int, head: int, hi
 
 def _phase_event(chunk: bytes, n: int) -> PhaseEvent | None:
     first, step, start, end, name, last = PHASE_RECORD.unpack(chunk)
-    if not first == last == n:
+    if not first == last == n or not (math.isfinite(start) and math.isfinite(end)):
         return None
     return PhaseEvent(_text(name), _step(step), start, end or None)
 
@@ -343,7 +381,8 @@ def _phase_event(chunk: bytes, n: int) -> PhaseEvent | None:
 def _collective_record(chunk: bytes, n: int) -> CollectiveRecord | None:
     (first, seq, nbytes, t_enqueue, t_complete, state, device, peer, group, op, dtype, shapes,
      site, t_device_start, t_device_done, last) = COLL_RECORD.unpack(chunk)
-    if not first == last == n:
+    if not first == last == n or not all(map(math.isfinite, (
+            t_enqueue, t_complete, t_device_start, t_device_done))):
         return None
     done = state == COMPLETED
     return CollectiveRecord(
@@ -359,7 +398,8 @@ def _read_exits(raw: bytes, count: int) -> list[WorkerExit]:
     for i in range(max(0, count - EXITS_CAPACITY), count):
         rank, exitcode, at = EXIT_ENTRY.unpack_from(raw, EXITS_AT + i % EXITS_CAPACITY
                                                     * EXIT_ENTRY.size)
-        exits.append(WorkerExit(rank, None if exitcode == NO_EXITCODE else exitcode, at))
+        if math.isfinite(at):
+            exits.append(WorkerExit(rank, None if exitcode == NO_EXITCODE else exitcode, at))
     return exits
 
 

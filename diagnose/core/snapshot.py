@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diagnose.core.checked import checked
 from diagnose.core.layout import rank_name
 from diagnose.core.vocab import Mention, VerdictKind
 
@@ -54,6 +55,20 @@ class CollectiveRecord:
     device: bool = False           # traced on the GPU: the two times below get filled in
     t_device_start: float | None = None  # when the probe saw the GPU reach the call
     t_device_done: float | None = None   # when the probe saw the GPU finish it
+    # Flight Recorder only: the calls of a coalesced group share one seq; part is
+    # a call's place in its group (None: the dump's ring cut the group's start).
+    part: int | None = 0
+    out_shapes: list[list[int]] | None = None   # output sizes, where the source has them
+    out_dtype: str | None = None
+
+
+@dataclass
+class DeviceWork:
+    """Work a rank's host enqueued on its GPU, up to the end of a step phase, that
+    the GPU had not finished when the probe last looked."""
+    phase: str
+    step: int | None
+    host_left_at: float            # when the host left the phase (and went on)
 
 
 @dataclass
@@ -95,6 +110,8 @@ class RankState:
     fault: FaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)  # driver only
     stacks: dict[str, list[str]] | None = None  # thread name -> frames, from a dump
+    device_done_at: float | None = None          # on a GPU: when the probe last saw it finish
+    device_pending: DeviceWork | None = None     # the oldest step work it has not finished
 
     @property
     def phase(self) -> PhaseEvent | None:
@@ -130,6 +147,7 @@ class Snapshot:
     command_exit: int | None = None  # the wrapped command's exit code, once it ended
     stop: Stop | None = None         # set when diag launch stopped the command
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
 
 
@@ -166,21 +184,9 @@ class Verdict:
 
 
 def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
-    """RankStates from their dataclasses.asdict() form (a node's published snapshot);
-    ValueError on anything malformed."""
+    """RankStates from their dataclasses.asdict() form (a node's published snapshot),
+    every field checked; ValueError on anything malformed."""
     try:
-        return {int(rank): _rank_state(state) for rank, state in ranks.items()}
-    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        return {int(rank): checked(RankState, state) for rank, state in ranks.items()}
+    except (TypeError, AttributeError, ValueError) as error:
         raise ValueError(f"malformed rank state: {error}") from None
-
-
-def _rank_state(data: dict) -> RankState:
-    data = dict(data)
-    data["identity"] = Identity(**data["identity"])
-    data["open_phases"] = [PhaseEvent(**event) for event in data["open_phases"]]
-    data["phases"] = [PhaseEvent(**event) for event in data["phases"]]
-    data["collectives"] = [CollectiveRecord(**record) for record in data["collectives"]]
-    data["kv"] = KVStats(**data["kv"]) if data.get("kv") else None
-    data["fault"] = FaultRecord(**data["fault"]) if data.get("fault") else None
-    data["worker_exits"] = [WorkerExit(**exit) for exit in data.get("worker_exits", [])]
-    return RankState(**data)

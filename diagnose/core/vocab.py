@@ -48,6 +48,7 @@ class VerdictKind(Name):
     GPU_STUCK = "gpu_stuck"
     DEAD = "dead"
     NODE_LOST = "node_lost"
+    STATE_UNREADABLE = "state_unreadable"
     STRAGGLER = "straggler"
 
 

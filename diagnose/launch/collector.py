@@ -1,29 +1,40 @@
 """Reads every probe file in a run dir into a Snapshot, many times a second.
 
 A file that cannot be read is skipped with a note (Collector.notes), never an
-exception. Identities, decoded ring records and stacks dumps are cached, so a
-steady read decodes only what changed; snapshots therefore share record
-objects, which nobody may modify.
+exception; a rank whose file it is (rank-R.probe) is listed as unreadable, so
+that the analysis knows whom its peers wait on. A file without which the run
+cannot be judged rightly (driver.probe, exit.json, a node-N.json) that is
+there but cannot be read is also listed in Collector.refused: `diag analyze`
+refuses such a run dir rather than guess. Identities, decoded ring
+records and stacks dumps are cached, so a steady read decodes only what
+changed; snapshots therefore share record objects, which nobody may modify.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 import socket
+import stat
 import time
 
 import psutil
 
 from diagnose.core import runfile
+from diagnose.core.checked import checked
+from diagnose.core.files import read_small
 from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot, Stop
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
 
 EXIT_FILE = "exit.json"  # written by diag launch when the command ends
+EXIT_FILE_BYTES = 4096
+STACKS_FILE_BYTES = 16 << 20
 HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
 REMOTE_ALIVE_S = 2.0     # a rank on another host counts as alive while its heartbeat is this fresh
 SAME_PROCESS_S = 0.5     # create times closer than this are the same process, not pid reuse
+RANK_FILE = re.compile(r"rank-(\d+)\.probe")
 
 
 class Collector:
@@ -31,6 +42,7 @@ class Collector:
         self.run_dir = run_dir
         self.history = history
         self.notes: list[str] = []       # files skipped by the last snapshot, and why
+        self.refused: list[str] = []     # those of them the run cannot be judged without
         self._identities: dict[tuple, Identity] = {}
         self._stacks: dict[str, tuple[int, dict | None]] = {}
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
@@ -38,12 +50,21 @@ class Collector:
         self._host = socket.gethostname()
 
     def snapshot(self) -> Snapshot:
-        self.notes = []
+        self.notes, self.refused = [], []
         ranks: dict[int, RankState] = {}
+        unreadable: dict[int, str] = {}
         driver = None
         for path in sorted(glob.glob(os.path.join(self.run_dir, "*.probe"))):
-            state = self._read(path)
-            if state is None:
+            try:
+                state = self._read(path)
+            except runfile.ProbeFileError as error:
+                note = f"{os.path.basename(path)}: {error}"
+                self.notes.append(note)
+                named = RANK_FILE.fullmatch(os.path.basename(path))
+                if named is not None:
+                    unreadable[int(named.group(1))] = note
+                elif os.path.basename(path) == runfile.probe_file_name(None):
+                    self.refused.append(note)
                 continue
             if state.identity.role == Role.DRIVER:
                 driver = state
@@ -55,34 +76,47 @@ class Collector:
         command_exit, stop = self._command_exit()
         snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
-                            command_exit=command_exit, stop=stop)
+                            command_exit=command_exit, stop=stop, unreadable=unreadable)
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
         self.notes += notes
+        self.refused += notes
         return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
 
     def _command_exit(self) -> tuple[int | None, Stop | None]:
         """The wrapped command's exit code, once `diag launch` has seen it end, and
         the stop, if diag launch stopped it."""
+        path = os.path.join(self.run_dir, EXIT_FILE)
         try:
-            with open(os.path.join(self.run_dir, EXIT_FILE)) as f:
-                ending = json.load(f)
-            stop = ending.get("stop")
-            return int(ending["command_exit"]), None if stop is None else Stop(**stop)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            ending = json.loads(read_small(path, EXIT_FILE_BYTES))
+            code, stop = ending["command_exit"], ending.get("stop")
+            if isinstance(code, int) and not isinstance(code, bool):
+                return code, None if stop is None else checked(Stop, stop)
+            problem = f"command_exit {str(code)[:40]} is no exit code"
+        except FileNotFoundError:
             return None, None
-
-    def _read(self, path: str) -> RankState | None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
         except OSError as error:
-            self.notes.append(f"{os.path.basename(path)}: {error.strerror}")
-            return None
+            problem = error.strerror
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            problem = f"not the JSON diag launch writes ({type(error).__name__})"
+        self.notes.append(f"{EXIT_FILE}: {problem}")
+        self.refused.append(f"{EXIT_FILE}: {problem}")
+        return None, None
+
+    def _read(self, path: str) -> RankState:
+        """The rank's state, or ProbeFileError. The file is opened without blocking
+        and must be a regular one: a FIFO named like a probe file would block a
+        plain open until someone writes to it."""
         try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as error:
+            raise runfile.ProbeFileError(error.strerror) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise runfile.ProbeFileError("not a regular file")
             data = runfile.read_probe(fd, self.history, self._records.setdefault(path, {}))
             identity = self._identity(path, fd, data.header)
-        except runfile.ProbeFileError as error:
-            self.notes.append(f"{os.path.basename(path)}: {error}")
-            return None
+        except OSError as error:
+            raise runfile.ProbeFileError(error.strerror) from None
         finally:
             os.close(fd)
         return RankState(
@@ -93,7 +127,8 @@ class Collector:
             ring_written=data.ring_written,
             fault=FaultRecord(data.fault_spec, data.fault_fired_at) if data.fault_spec else None,
             worker_exits=data.worker_exits,
-            stacks=self._read_stacks(identity))
+            stacks=self._read_stacks(identity),
+            device_done_at=data.device_done_at, device_pending=data.device_pending)
 
     def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
         key = (path, header.pid, header.create_time, header.started_at)
@@ -101,8 +136,8 @@ class Collector:
         if identity is None:
             fields = runfile.read_identity(fd, header)
             try:
-                identity = Identity(**fields)
-            except TypeError as error:
+                identity = checked(Identity, fields)
+            except ValueError as error:
                 raise runfile.ProbeFileError(f"identity fields: {error}") from None
             if identity.role != Role.DRIVER and not isinstance(identity.rank, int):
                 raise runfile.ProbeFileError(f"identity has no rank (role {identity.role!r})")
@@ -148,12 +183,15 @@ def pid_alive(pid: int, create_time: float) -> bool:
 def read_stacks_file(path: str, pid: int) -> dict[str, list[str]] | None:
     """{thread: frames} from a probe's dump; None if missing, unreadable or another pid's."""
     try:
-        with open(path) as source:
-            dump = json.load(source)
+        dump = json.loads(read_small(path, STACKS_FILE_BYTES))
         threads = dump["threads"] if dump.get("pid") == pid else None
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+    except (OSError, ValueError, KeyError, AttributeError, TypeError, RecursionError):
         return None
-    return threads if isinstance(threads, dict) else None
+    if not isinstance(threads, dict) or not all(
+            isinstance(frames, list) and all(isinstance(frame, str) for frame in frames)
+            for frames in threads.values()):
+        return None
+    return {str(name): frames for name, frames in threads.items()}
 
 
 def request_dump(run_dir: str, wait_s: float = 2.0) -> list[str]:

@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from diagnose.core.link import Codec, HandshakeError, Limits, Link
+from diagnose.core.checked import checked
+from diagnose.core.files import read_small
 from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
@@ -278,9 +280,9 @@ def read_reports(run_dir: str) -> tuple[list[NodeReport], list[str]]:
         if not (name.startswith("node-") and name.endswith(".json")):
             continue
         try:
-            with open(os.path.join(run_dir, name)) as f:
-                reports.append(NodeReport(**json.load(f)))
-        except (OSError, ValueError, TypeError) as error:
+            body = json.loads(read_small(os.path.join(run_dir, name), LIMITS.max_bytes))
+            reports.append(checked(NodeReport, body))
+        except (OSError, ValueError, RecursionError) as error:
             notes.append(f"{name}: {error}")
     return reports, notes
 

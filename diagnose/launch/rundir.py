@@ -105,6 +105,9 @@ def _probe_source(path: str) -> RunDirSource:
     if not first.ranks and first.driver is None:
         raise RunDirError(f"cannot read any probe file in {path}: no readable probe file "
                           f"({'; '.join(source.notes)})")
+    if source.collector.refused:
+        raise RunDirError(f"cannot judge the run in {path} without "
+                          f"{source.collector.refused[0]}")
     return source
 
 

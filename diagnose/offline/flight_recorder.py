@@ -12,38 +12,45 @@ holds 'version', 'pg_config' {pg name: {'name', 'desc', 'ranks': "[0, 1]"}},
 
 The files are unpickled by an unpickler that refuses every global: a dump is
 built from dicts, lists, tuples, strings and numbers only, so nothing in it
-can run code. The rank is the number that ends the file name.
+can run code. A file's size is checked before it is read, and every field the
+reader takes is checked for its type and range (fr_entries.py). The rank is
+the number that ends the file name. The snapshot is taken at the newest time
+any dump records: ages come from the dumps' own clock, not the files' times.
 
 What the conversion cannot know: there are no phases, so a culprit is named
 by what the majority of a group did (the member missing from a seq that the
 others wait in). send/recv are matched by their order per peer within each
 dump, which is right while the dumps' rings still hold every p2p op. gloo
 dumps carry an empty pg_config; a group's members are then the ranks whose
-dumps have entries in it. A rank named in a pg_config but without a readable
-dump is kept, with no records, so that its peers' waits still point at it.
+dumps have entries in it. A rank named in a pg_config but without a dump is
+kept, with no records, so that its peers' waits still point at it; a rank
+whose dump is there but cannot be read is listed as unreadable, as a run dir's
+damaged probe file is, and never makes its waiters culprits.
 """
 from __future__ import annotations
 
 import ast
 import functools
 import gc
-import io
+import itertools
 import os
 import pickle
 import re
+import stat
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
+from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
 
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
-REQUIRED_FIELDS = ("process_group", "profiling_name", "collective_seq_id", "state",
-                   "time_created_ns")
-TORCH_FRAMES = f"{os.sep}torch{os.sep}"
-GLOO_UNKNOWN = "gloo"       # a gloo entry's state until _settle_gloo_states decides it
+MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
+MAX_ENTRIES = 1 << 17       # entries read from one dump, the last ones (the default ring: 2000)
+MAX_GROUPS = 1 << 16        # pg_config entries read from one dump
+MAX_RANKS_TEXT = 1 << 20    # a pg_config rank list, as text
 
 
 class FlightRecorderError(Exception):
@@ -63,26 +70,40 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def load_dump(path: str) -> dict:
-    """One rank's dump as a dict, or FlightRecorderError."""
+    """One rank's dump as a dict, or FlightRecorderError. The file's size is
+    checked before it is read, and it is unpickled as it streams in."""
     name = os.path.basename(path)
     try:
         with open(path, "rb") as source:
-            data = source.read()
+            info = os.fstat(source.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise FlightRecorderError(f"{name}: not a regular file")
+            if info.st_size > MAX_DUMP_BYTES:
+                raise FlightRecorderError(f"{name}: {info.st_size / 2 ** 30:.1f} GiB, over the "
+                                          f"{MAX_DUMP_BYTES >> 20} MiB a dump may have")
+            if not info.st_size:
+                raise FlightRecorderError(f"{name}: empty file")
+            dump = _unpickle(name, source)
     except OSError as error:
         raise FlightRecorderError(f"{name}: {error.strerror}") from None
-    if not data:
-        raise FlightRecorderError(f"{name}: empty file")
-    try:
-        dump = _DataOnlyUnpickler(io.BytesIO(data)).load()
-    except EOFError:
-        raise FlightRecorderError(f"{name}: truncated pickle") from None
-    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError) as error:
-        if "truncated" in str(error):
-            raise FlightRecorderError(f"{name}: truncated pickle") from None
-        raise FlightRecorderError(f"{name}: not a Flight Recorder dump ({error})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
         raise FlightRecorderError(f"{name}: not a Flight Recorder dump (no 'entries' list)")
     return dump
+
+
+def _unpickle(name: str, source) -> object:
+    try:
+        return _DataOnlyUnpickler(source).load()
+    except EOFError:
+        raise FlightRecorderError(f"{name}: truncated pickle") from None
+    except MemoryError:
+        raise FlightRecorderError(f"{name}: not a Flight Recorder dump (a length in it asks for "
+                                  f"more memory than there is)") from None
+    except Exception as error:  # noqa: BLE001 - any failure of untrusted bytes is a bad dump
+        if "truncated" in str(error):
+            raise FlightRecorderError(f"{name}: truncated pickle") from None
+        reason = f"{type(error).__name__}: {error}"[:200]
+        raise FlightRecorderError(f"{name}: not a Flight Recorder dump ({reason})") from None
 
 
 def looks_like_fr_dir(path: str) -> bool:
@@ -98,10 +119,12 @@ def looks_like_fr_dir(path: str) -> bool:
 
 
 def read_fr_dir(path: str) -> FlightRecorderRun:
-    """Every readable dump in `path` as one Snapshot; unreadable ones become notes."""
+    """Every readable dump in `path` as one Snapshot; unreadable ones become notes.
+    The snapshot is taken at the newest time any dump records, so that ages
+    come from the dumps' own clock wherever the files were copied to."""
     notes: list[str] = []
     dumps: dict[int, _Dump] = {}
-    mtimes: list[float] = []
+    unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
     with _gc_paused():
         for name in _files(path):
             match = RANK_IN_NAME.search(name)
@@ -109,37 +132,36 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
                 notes.append(f"{name}: no rank number at the end of the name, skipped")
                 continue
             rank = int(match.group(1))
-            try:
-                dump = load_dump(os.path.join(path, name))
-            except FlightRecorderError as error:
-                notes.append(f"{error}, skipped")
-                continue
             if rank in dumps:
                 notes.append(f"{name}: a second dump of rank {rank}, skipped")
                 continue
-            dumps[rank] = _digest(dump)
-            mtimes.append(os.path.getmtime(os.path.join(path, name)))
+            try:
+                dumps[rank] = _digest(name, load_dump(os.path.join(path, name)), notes)
+            except FlightRecorderError as error:
+                notes.append(f"{error}, skipped")
+                unreadable[rank] = str(error)
         if not dumps:
             reason = "; ".join(notes) if notes else "the directory is empty"
             raise FlightRecorderError(f"{path}: no readable Flight Recorder dump ({reason})")
-        groups = _groups(dumps)
+        groups = _groups(dumps, set(unreadable))
         records: dict[int, list[CollectiveRecord]] = {}
         for rank, dump in sorted(dumps.items()):
-            records[rank], misplaced = _place(dump.records, groups)
-            skipped = dump.skipped + misplaced
-            if skipped:
-                notes.append(f"rank {rank}: {skipped} entries without the expected fields, skipped")
-        _settle_gloo_states(records, groups)
-    taken_at = max(mtimes)
-    in_groups = _all_members(groups)
+            _place(dump.records, groups[rank])
+            records[rank] = dump.records
+        members = {group.label: group.members for by_name in groups.values()
+                   for group in by_name.values()}
+        _settle_gloo_states(records, members, set(unreadable))
+    taken_at = max([dump.newest for dump in dumps.values() if dump.newest is not None],
+                   default=0.0)
+    in_groups = {member for ranks in members.values() for member in ranks}
     highest = max(in_groups, default=-1)
-    members = {group.label: group.members for group in groups.values()}
     ranks = {rank: _rank_state(rank, records[rank], max(highest, rank) + 1, members, taken_at)
              for rank in records}
-    for rank in sorted(in_groups - set(ranks)):
-        notes.append(f"rank {rank}: in a process group but no readable dump; kept without records")
+    for rank in sorted(in_groups - set(ranks) - set(unreadable)):
+        notes.append(f"rank {rank}: in a process group but no dump; kept without records")
         ranks[rank] = _rank_state(rank, [], highest + 1, members, taken_at)
-    snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())))
+    snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
+                        unreadable=unreadable)
     return FlightRecorderRun(snapshot, notes)
 
 
@@ -167,7 +189,16 @@ def _files(path: str) -> list[str]:
         names = sorted(os.listdir(path))
     except OSError as error:
         raise FlightRecorderError(f"{path}: {error.strerror}") from None
-    return [name for name in names if os.path.isfile(os.path.join(path, name))]
+    return [name for name in names if _regular(os.path.join(path, name))]
+
+
+def _regular(path: str) -> bool:
+    """A regular file: a FIFO, a device or a directory among the dumps is skipped
+    unopened (opening a FIFO blocks until someone writes to it)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
@@ -175,20 +206,38 @@ class _Dump:
     """One rank's dump as read_fr_dir keeps it: its groups, and its entries
     already made records (the entries' dicts, most of a dump, are dropped).
     Until _place, a record's group is its pg name and its peer group-local."""
-    config: object              # pg_config, as the dump has it
+    config: dict[str, tuple[str, frozenset[int]]]  # pg name -> (desc, ranks) from pg_config
     pgs: dict[str, str]         # pg name -> desc, from the entries, the first seen
     records: list[CollectiveRecord]
-    skipped: int                # entries without the expected fields
+    newest: float | None        # the newest time its entries record
 
 
-def _digest(dump: dict) -> _Dump:
-    pgs: dict[str, str] = {}
-    for entry in dump["entries"]:
-        pg = entry.get("process_group") if isinstance(entry, dict) else None
-        if isinstance(pg, (tuple, list)) and len(pg) == 2:
-            pgs.setdefault(str(pg[0]), str(pg[1]))
-    records, skipped = _records(dump["entries"])
-    return _Dump(dump.get("pg_config"), pgs, records, skipped)
+def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
+    """The dump's groups and records, or FlightRecorderError for an entry that is
+    not what torch writes. Of a ring longer than any torch keeps, the last
+    MAX_ENTRIES entries."""
+    count = len(dump["entries"])
+    if count > MAX_ENTRIES:
+        notes.append(f"{name}: {count} entries, the last {MAX_ENTRIES} read")
+    try:
+        entries = records_of(dump["entries"][-MAX_ENTRIES:])
+    except BadEntry as error:
+        raise FlightRecorderError(f"{name}: {error}") from None
+    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, entries.newest)
+
+
+def _config(config) -> dict[str, tuple[str, frozenset[int]]]:
+    """pg name -> (desc, ranks). A rank list is read once however many pgs share
+    it (a pickle can point every pg at one long list)."""
+    found, parsed = {}, {}
+    pgs = itertools.islice(config.items(), MAX_GROUPS) if isinstance(config, dict) else ()
+    for pg_name, pg in pgs:
+        if isinstance(pg, dict) and isinstance(pg_name, (str, int)) and pg_name != "":
+            desc, ranks = pg.get("desc"), pg.get("ranks")
+            if id(ranks) not in parsed:
+                parsed[id(ranks)] = frozenset(_parse_ranks(ranks))
+            found[str(pg_name)] = (desc if isinstance(desc, str) else "", parsed[id(ranks)])
+    return found
 
 
 @dataclass
@@ -197,42 +246,52 @@ class _Group:
     members: list[int]      # global ranks, sorted
 
 
-def _groups(dumps: dict[int, _Dump]) -> dict[str, _Group]:
-    """pg name -> group, merged over every rank's pg_config and entries."""
+def _groups(dumps: dict[int, _Dump], unreadable: set[int]) -> dict[int, dict[str, _Group]]:
+    """rank -> pg name -> its group, over every rank's pg_config and entries. A pg
+    name whose dumps list different ranks (split_group, or a group of one made
+    on each rank) is one group per set of ranks. The default group holds every
+    rank with a dump, readable or not."""
     descs: dict[str, str] = {}
-    configured: dict[str, set[int]] = defaultdict(set)   # members as pg_config lists them
-    seen: dict[str, set[int]] = defaultdict(set)         # ranks with entries in the pg
+    rank_sets: dict[str, dict[int, frozenset[int]]] = defaultdict(dict)  # as each dump lists them
+    seen: dict[str, set[int]] = defaultdict(set)                         # ranks with entries in it
     for rank, dump in dumps.items():
-        config = dump.config
-        for pg_name, pg in (config.items() if isinstance(config, dict) else ()):
-            if isinstance(pg, dict) and pg_name:
-                descs.setdefault(str(pg_name), str(pg.get("desc", "")))
-                configured[str(pg_name)].update(_parse_ranks(pg.get("ranks")))
+        for pg_name, (desc, ranks) in dump.config.items():
+            descs.setdefault(pg_name, desc)
+            if ranks:
+                rank_sets[pg_name][rank] = ranks
         for pg_name, desc in dump.pgs.items():
             descs.setdefault(pg_name, desc)
             seen[pg_name].add(rank)
     uses = defaultdict(int)
     for desc in descs.values():
         uses[desc] += 1
-    groups = {}
+    groups: dict[int, dict[str, _Group]] = {rank: {} for rank in dumps}
     for pg_name, desc in descs.items():
-        members = configured[pg_name] or seen[pg_name]
-        if desc == "default_pg":
-            label, members = "world", members | set(dumps)
-        elif desc and desc != "undefined" and uses[desc] == 1:
-            label = desc
-        else:
-            label = f"pg{pg_name}"
-        groups[pg_name] = _Group(label, sorted(members))
+        label = ("world" if desc == "default_pg" else desc
+                 if desc and desc != "undefined" and uses[desc] == 1 else f"pg{pg_name}")
+        listed = rank_sets[pg_name]
+        variants = set(listed.values())
+        made: dict[frozenset[int], _Group] = {}
+        for rank in dumps:
+            ranks = listed.get(rank) or (next(iter(variants)) if len(variants) == 1
+                                         else frozenset(seen[pg_name]))
+            if desc == "default_pg":
+                ranks = ranks | set(dumps) | unreadable
+            if ranks not in made:
+                name = label if len(variants) < 2 else f"{label}{_rank_text(ranks)}"
+                made[ranks] = _Group(name, sorted(ranks))
+            groups[rank][pg_name] = made[ranks]
     return groups
 
 
-def _all_members(groups: dict[str, _Group]) -> set[int]:
-    return {member for group in groups.values() for member in group.members}
+def _rank_text(ranks) -> str:
+    return "[" + ",".join(map(str, sorted(ranks))) + "]"
 
 
 def _parse_ranks(text) -> list[int]:
-    return list(_parse_rank_text(text)) if isinstance(text, str) else _rank_list(text)
+    if isinstance(text, str):
+        return list(_parse_rank_text(text)) if len(text) <= MAX_RANKS_TEXT else []
+    return _rank_list(text)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -240,79 +299,40 @@ def _parse_rank_text(text: str) -> tuple[int, ...]:
     """Every dump repeats its groups' rank lists: each text is parsed once."""
     try:
         return tuple(_rank_list(ast.literal_eval(text)))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return ()
 
 
 def _rank_list(ranks) -> list[int]:
-    if isinstance(ranks, (list, tuple)) and all(isinstance(rank, int) for rank in ranks):
+    if isinstance(ranks, (list, tuple)) and all(
+            isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2 ** 31
+            for rank in ranks):
         return list(ranks)
     return []
 
 
-def _records(entries: list) -> tuple[list[CollectiveRecord], int]:
-    """The usable entries as records (see _Dump) in the order the rank made
-    them, and how many were unusable."""
-    usable = [entry for entry in entries
-              if isinstance(entry, dict) and all(key in entry for key in REQUIRED_FIELDS)]
-    skipped = len(entries) - len(usable)
-    records = []
-    for entry in sorted(usable, key=lambda entry: entry.get("record_id", 0)):
-        try:
-            records.append(_record(entry))
-        except (TypeError, ValueError, IndexError):
-            skipped += 1
-    return records, skipped
-
-
-def _place(records: list[CollectiveRecord],
-           groups: dict[str, _Group]) -> tuple[list[CollectiveRecord], int]:
+def _place(records: list[CollectiveRecord], groups: dict[str, _Group]) -> None:
     """Gives each record its group's label and its peer's global rank, and
-    numbers send/recv per (group, op, peer); returns the records, and how many
-    named a peer their group cannot have."""
-    placed, skipped = [], 0
+    numbers send/recv per (group, op, peer)."""
     p2p_counts: dict[tuple, int] = defaultdict(int)
     for record in records:
         group = groups.get(record.group) or _Group(f"pg{record.group}", [])
         record.group = group.label
         if record.peer is not None:
             local, members = record.peer, group.members
-            try:
-                record.peer = members[local] if local < len(members) else local
-            except IndexError:
-                skipped += 1
-                continue
+            record.peer = members[local] if local < len(members) else local
             key = (record.group, record.op, record.peer)
             record.seq = p2p_counts[key]
             p2p_counts[key] += 1
-        placed.append(record)
-    return placed, skipped
 
 
-def _record(entry: dict) -> CollectiveRecord:
-    pg_name = str(entry["process_group"][0])
-    backend, _, name = str(entry["profiling_name"]).partition(":")
-    op, peer = _op_and_local_peer(name)
-    created = int(entry["time_created_ns"]) / 1e9
-    completed_ns = entry.get("time_discovered_completed_ns")
-    done = entry["state"] == "completed"
-    dtypes = entry.get("input_dtypes") or []
-    return CollectiveRecord(
-        group=pg_name, seq=int(entry["collective_seq_id"]), op=op, peer=peer,
-        shapes=list(map(list, entry.get("input_sizes") or [])),
-        dtype=",".join(sorted(set(map(str, dtypes)))), nbytes=0,
-        site=_site(entry.get("frames") or []),
-        state=GLOO_UNKNOWN if backend == "gloo" else "completed" if done else "enqueued",
-        t_enqueue=created,
-        t_complete=(int(completed_ns) / 1e9 if completed_ns else created) if done else None)
-
-
-def _settle_gloo_states(records: dict[int, list[CollectiveRecord]], groups: dict[str, _Group]) -> None:
+def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
+                        members: dict[str, list[int]], unreadable: set[int]) -> None:
     """gloo leaves every entry 'scheduled' (and 'retired' says little: a timed-out
     wait is retired too). Its calls block, so an entry the rank made another call
     after has completed; its last entry completed if every member of the group
-    reached that seq, else the rank is still waiting in it."""
-    members = {group.label: group.members for group in groups.values()}
+    whose dump could be read reached that seq, else the rank is still waiting
+    in it."""
     last_calls = {(rank_records[-1].group, rank_records[-1].seq)
                   for rank_records in records.values()
                   if rank_records and rank_records[-1].state == GLOO_UNKNOWN}
@@ -329,36 +349,11 @@ def _settle_gloo_states(records: dict[int, list[CollectiveRecord]], groups: dict
                 record.state, record.t_complete = "completed", after.t_enqueue
                 continue
             arrivals = reached.get((record.group, record.seq), {})
-            if record.peer is None and set(members.get(record.group, [])) <= set(arrivals):
+            if record.peer is None and set(members.get(record.group, [])) - unreadable \
+                    <= set(arrivals):
                 record.state, record.t_complete = "completed", max(arrivals.values())
             else:
                 record.state = "enqueued"
-
-
-def _op_and_local_peer(name: str) -> tuple[str, int | None]:
-    """'send 0->1' -> ('send', 1), the peer group-local; 'all_reduce' -> ('all_reduce', None)."""
-    op, _, route = name.partition(" ")
-    if op == "send" and "->" in route:
-        return op, int(route.split("->")[1])
-    if op == "recv" and "<-" in route:
-        return op, int(route.split("<-")[1])
-    return op, None
-
-
-def _site(frames: list) -> str:
-    """The first frame outside torch: where the program called the collective."""
-    for frame in frames:
-        if isinstance(frame, dict):
-            path = str(frame.get("filename", ""))
-            if TORCH_FRAMES not in path:
-                return f"{_basename(path)}:{frame.get('line')} {frame.get('name')}"
-    return ""
-
-
-@functools.lru_cache(maxsize=4096)
-def _basename(path: str) -> str:
-    """The entries of a dump name the same few files over and over."""
-    return os.path.basename(path)
 
 
 def _rank_state(rank: int, records: list[CollectiveRecord], world_size: int,

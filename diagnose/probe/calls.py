@@ -33,7 +33,7 @@ class PhaseCall:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.probe.exit_phase(self.event)
+        self.probe.exit_phase(self.event, self.name, self.step)
         if exc_type is not None and issubclass(exc_type, Exception):
             self.probe.phase_error(exc, tb, self.name, self.step)
         return False
@@ -132,6 +132,15 @@ class InFlight:
     def __init__(self, records, start, end):
         self.records, self.start, self.end = records, start, end
         self.started = False
+
+
+class StepWork:
+    """The work a step phase enqueued on the GPU: an event recorded as the host
+    left the phase, done once the GPU has run everything before it."""
+    __slots__ = ("work", "event")
+
+    def __init__(self, work, event):
+        self.work, self.event = work, event
 
 
 class Skipped(Off):

@@ -1,7 +1,7 @@
 """The probe of a rank once it is on: it writes phases and collectives to the
-rank's file, watches the GPU reach and finish traced calls, and runs the
-heartbeat thread that publishes the main thread's frame and answers dump
-requests."""
+rank's file, watches the GPU reach and finish traced calls and the work of
+each step phase, and runs the heartbeat thread that publishes the main
+thread's frame and answers dump requests."""
 from __future__ import annotations
 
 import atexit
@@ -15,12 +15,18 @@ import traceback
 from collections import deque
 
 from diagnose.core import runfile
+from diagnose.core.snapshot import DeviceWork
+from diagnose.core.vocab import STEP_PHASES, Phase
 from diagnose.probe import faults, stacks
-from diagnose.probe.calls import (OFF, SKIPPED, Capture, CapturedCall, InFlight, Off, Traced,
-                                  TracedOnDevice)
+from diagnose.probe.calls import (OFF, SKIPPED, Capture, CapturedCall, InFlight, Off, StepWork,
+                                  Traced, TracedOnDevice)
 
 COMMUNICATOR_FILE = os.path.join("engine", "communicator.py")
 DIAGNOSE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# The phases whose GPU work is watched: a single GPU's progress shows in no
+# collective, so one CUDA event as the host leaves each of them stands for it.
+DEVICE_PHASES = frozenset(STEP_PHASES) - {Phase.DEQUEUE}
+MAX_STEP_WORK = 1024            # unfinished phases watched; past it, newer ones are not
 
 
 class Recorder:
@@ -53,6 +59,8 @@ class Recorder:
         if self.on_device:
             self.capturing, self.new_event, self.set_device = cuda_calls()
         self.in_flight: deque[InFlight] = deque()   # main thread appends, heartbeat pops
+        self.step_work: deque[StepWork] = deque()   # likewise
+        self.device_done_at = 0.0                   # when the heartbeat saw step work finish
         self.free_events: deque = deque()            # heartbeat returns, main thread takes
         self.device_lock = threading.Lock()          # the heartbeat's event queries, or a capture
         self.device_set = False
@@ -71,9 +79,19 @@ class Recorder:
             self.faults.inside_phase(fault)
         return event
 
-    def exit_phase(self, event: int) -> None:
+    def exit_phase(self, event: int, name: str, step: int | None) -> None:
         self.depth -= 1
-        self.file.close_phase(event, time.time(), self.depth)
+        now = time.time()
+        self.file.close_phase(event, now, self.depth)
+        if self.on_device and name in DEVICE_PHASES and len(self.step_work) < MAX_STEP_WORK:
+            self._watch_step_work(DeviceWork(name, step, now))
+
+    def _watch_step_work(self, work: DeviceWork) -> None:
+        try:
+            if not self.capturing():     # an event in a graph being captured says nothing
+                self.step_work.append(StepWork(work, self.record_event()))
+        except RuntimeError:             # the CUDA context is broken (a device-side error)
+            self.on_device = False
 
     def phase_error(self, error: BaseException, tb, name: str, step: int | None) -> None:
         """Writes error-{R}.json for an exception leaving a phase, once per exception
@@ -189,7 +207,7 @@ class Recorder:
         while True:
             count += 1
             self.file.heartbeat(time.time(), count, self._traced_frame())
-            if self.in_flight and self.device_lock.acquire(blocking=False):
+            if (self.in_flight or self.step_work) and self.device_lock.acquire(blocking=False):
                 try:
                     self._poll_device()
                 finally:
@@ -201,29 +219,46 @@ class Recorder:
             time.sleep(runfile.HEARTBEAT_S)
 
     def _poll_device(self) -> None:
-        """Marks the calls the GPU has reached and finished since the last beat.
-        A stream runs its work in order, so the first unfinished call ends the scan."""
         now = time.time()
         try:
             if not self.device_set:   # events are queried from this thread: same device
                 self.set_device(self.device)
                 self.device_set = True
             self._forget_overwritten()
-            while self.in_flight:
-                call = self.in_flight[0]
-                if not call.started:
-                    if not call.start.query():
-                        return
-                    call.started = True
-                    self._mark(call, False, now)
-                if not call.end.query():
-                    return
-                self._mark(call, True, now)
-                self.in_flight.popleft()
-                self.free_events.extend((call.start, call.end))
+            self._poll_calls(now)
+            self._poll_step_work(now)
         except RuntimeError:        # the CUDA context is broken (a device-side error)
             self.on_device = False
             self.in_flight.clear()
+            self.step_work.clear()
+
+    def _poll_calls(self, now: float) -> None:
+        """Marks the calls the GPU has reached and finished since the last beat.
+        A stream runs its work in order, so the first unfinished call ends the scan."""
+        while self.in_flight:
+            call = self.in_flight[0]
+            if not call.started:
+                if not call.start.query():
+                    return
+                call.started = True
+                self._mark(call, False, now)
+            if not call.end.query():
+                return
+            self._mark(call, True, now)
+            self.in_flight.popleft()
+            self.free_events.extend((call.start, call.end))
+
+    def _poll_step_work(self, now: float) -> None:
+        """Drops the step work the GPU finished and publishes the oldest it has
+        not. In stream order: once the newest is done, all are."""
+        work = self.step_work
+        if not work:
+            return
+        all_done = work[-1].event.query()
+        while work and (all_done or work[0].event.query()):
+            self.free_events.append(work.popleft().event)
+            self.device_done_at = now
+        self.file.device_work(self.device_done_at, work[0].work if work else None)
 
     def _forget_overwritten(self) -> None:
         """Calls whose records the ring no longer holds need no query: a busy rank

@@ -4,6 +4,8 @@ toy_steps:train_step` has something to wrap (a script runs as __main__).
 TOY_FAULT=KIND:RANK:STEP injects one fault, read by the programs themselves:
   skip_allreduce  the rank skips the step's gradient all_reduce and goes on to
                   slow work of its own (an evaluation only it runs)
+  skip_once       the rank skips the step's gradient all_reduce and trains on:
+                  each of its calls pairs with its peers' next one, up to the last
   exit            the rank exits with code 3
   no_send         the pipeline stage receives its input but never sends its output
   late_start      the rank stalls before its first step
@@ -36,7 +38,7 @@ def train_step(model: torch.nn.Module, step: int) -> float:
     grads = torch.cat([param.grad.flatten() for param in model.parameters()])
     if fault_here("skip_allreduce", step):
         time.sleep(STALL_S)
-    else:
+    elif not fault_here("skip_once", step):
         dist.all_reduce(grads)
     grads /= dist.get_world_size()
     with torch.no_grad():
