@@ -12,6 +12,7 @@ import fcntl
 import os
 
 from diagnose.launch.collector import EXIT_FILE
+from diagnose.probe.marks import ARMED_FILE
 
 LOCK_FILE = "launch.lock"
 
@@ -52,5 +53,5 @@ def clear_run_files(run_dir: str) -> None:
     """Remove what an earlier run left in run_dir: probe files, dumps, its outcome."""
     for name in os.listdir(run_dir):
         if (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
-                or name in (EXIT_FILE, "report.json")):
+                or name in (EXIT_FILE, "report.json", ARMED_FILE)):
             os.remove(os.path.join(run_dir, name))

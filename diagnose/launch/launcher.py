@@ -104,6 +104,7 @@ class Launcher:
         self.reported: set[tuple] = set()
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
+        self.notes: list[str] = []          # the report's notes, once it is written
         chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
@@ -265,7 +266,8 @@ class Launcher:
 
     def write_report(self, dump: bool) -> dict:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
-        notes = list(self.collector.notes)
+        notes = self.collector.notes + marks.notes(self.opts.marks, self.opts.run_dir,
+                                                   _phase_names(self.snapshot))
         body = report.to_json(self.snapshot, self.verdicts)
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
@@ -275,7 +277,7 @@ class Launcher:
             body["stacks"] = self._stacks(dumped)
             body["py_spy"], spy_notes = py_spy_all(dumped)
             notes += spy_notes
-        body["notes"] = notes
+        body["notes"] = self.notes = notes
         body["command_exit"] = self.snapshot.command_exit
         self._write_json("report.json", body)
         if self.opts.json_report:
@@ -304,6 +306,11 @@ class Launcher:
 
 def _hang_key(verdict: Verdict) -> tuple:
     return verdict.kind, tuple(verdict.culprit_ranks)
+
+
+def _phase_names(snapshot: Snapshot) -> set[str]:
+    states = list(snapshot.ranks.values()) + ([snapshot.driver] if snapshot.driver else [])
+    return {event.name for state in states for event in state.phases + state.open_phases}
 
 
 def default_run_dir() -> str:

@@ -60,7 +60,7 @@ def _run_plain(launcher: Launcher, console: Console) -> Outcome:
 
 
 def print_outcome(launcher: Launcher, outcome: Outcome) -> None:
-    report.render(launcher.snapshot, outcome.verdicts, notes=launcher.collector.notes)
+    report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes)
     print(f"report: {outcome.report_path}", file=sys.stderr)
     if launcher.stopped_by not in (None, "hang"):
         print(f"diag: stopped by {launcher.stopped_by}: the command's processes were ended",

@@ -3,11 +3,19 @@
 `diag launch` passes the marks to every process in MARKS_VAR; each process
 wraps the function when its module is imported, and counts its calls as the
 phase's steps (0, 1, ...). A mark whose function does not exist is reported
-once on stderr and the run goes on.
+once on stderr and the run goes on. Each process that armed a mark adds a
+line to `marks.jsonl` in the run dir, so the launcher can say at the end which
+marks never met their module.
+
+A call that torch.compile's Dynamo traces is passed straight through: a probe
+call there would change what Dynamo traces (fullgraph capture fails on it).
+Such calls are not recorded; once compiled, the function body runs as a graph
+and the wrapper is not called at all.
 """
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -16,6 +24,7 @@ from diagnose import probe
 from diagnose.probe import torch_dist
 
 MARKS_VAR = "DIAG_MARKS"       # marks separated by ';'
+ARMED_FILE = "marks.jsonl"     # in the run dir: {"mark": ..., "pid": ...} per armed mark
 PHASE_NAME_BYTES = 32          # the probe file's phase name field
 
 
@@ -61,16 +70,69 @@ def apply(mark: Mark, module) -> None:
         print(f"diag: --mark {mark.module}:{mark.qualname}: {mark.module} has no "
               f"{mark.qualname}; mark ignored", file=sys.stderr)
         return
-    setattr(owner, parts[-1], _as_phase(function, mark.phase))
+    setattr(owner, parts[-1], _as_phase(function, mark.phase, _compiling_check()))
+    _note_armed(mark)
 
 
-def _as_phase(function, phase: str):
+def _as_phase(function, phase: str, compiling):
     calls = 0
 
     @functools.wraps(function)
     def marked(*args, **kwargs):
         nonlocal calls
+        if compiling():
+            return function(*args, **kwargs)
         step, calls = calls, calls + 1
         with probe.phase(phase, step=step):
             return function(*args, **kwargs)
     return marked
+
+
+def _compiling_check():
+    """torch.compiler.is_compiling where torch is loaded (Dynamo folds it to True
+    while it traces), else a function that says no."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    return getattr(compiler, "is_compiling", None) or (lambda: False)
+
+
+def _note_armed(mark: Mark) -> None:
+    run_dir = os.environ.get(probe.RUN_DIR_VAR)
+    if not run_dir:
+        return
+    line = json.dumps({"mark": str(mark), "pid": os.getpid()}) + "\n"
+    try:
+        with open(os.path.join(run_dir, ARMED_FILE), "a") as sink:
+            sink.write(line)
+    except OSError:
+        pass                    # the run dir is the launcher's: a note it misses is all
+
+
+def notes(texts: list[str], run_dir: str, phases_seen: set[str]) -> list[str]:
+    """What the launcher says at the end about the run's marks: those whose module
+    no process imported, and those armed that left no phase in the ranks' files."""
+    armed, found = _armed_marks(run_dir), []
+    for mark in map(parse_mark, texts):
+        if str(mark) not in armed:
+            found.append(f"--mark {mark}: no process of the job imported {mark.module}; "
+                         f"the mark never fired")
+        elif mark.phase not in phases_seen:
+            found.append(f"--mark {mark}: armed, but no call of it is in the ranks' recent "
+                         f"phases; calls made while torch.compile traces it are passed "
+                         f"through unrecorded, and once compiled its body runs as a graph")
+    return found
+
+
+def _armed_marks(run_dir: str) -> set[str]:
+    """The marks some process of the run armed."""
+    try:
+        with open(os.path.join(run_dir, ARMED_FILE)) as source:
+            lines = source.readlines(1 << 20)
+    except OSError:
+        return set()
+    armed = set()
+    for line in lines:
+        try:
+            armed.add(str(json.loads(line)["mark"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return armed
