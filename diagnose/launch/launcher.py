@@ -32,7 +32,8 @@ from diagnose.launch import claim
 from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
-from diagnose.launch.job import end_job, shell_code
+from diagnose.launch.job import end_job, job_processes, shell_code
+from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
@@ -43,6 +44,7 @@ POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
+SHM_SAMPLE_S = 2.0      # how often the job's shared memory is noted
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
                              "bootstrap")
 
@@ -105,6 +107,8 @@ class Launcher:
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
         self.notes: list[str] = []          # the report's notes, once it is written
+        self.shm = SharedMemoryTracker()    # what the job holds in /dev/shm, to clean up after
+        self.next_shm_sample = 0.0
         chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
@@ -140,8 +144,23 @@ class Launcher:
         """End the command and every process of its job, gracefully first."""
         if self.proc is None:
             return
+        self.shm.sample([process.pid for process in self._job()])
         end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
+        self._remove_shared_memory()
+
+    def _job(self) -> list[psutil.Process]:
+        return job_processes(self.proc.pid, os.path.abspath(self.opts.run_dir))
+
+    def _remove_shared_memory(self) -> None:
+        removed = self.shm.remove_leftovers()
+        if removed:
+            note = (f"removed {len(removed)} shared-memory file(s) the job left in /dev/shm: "
+                    f"{', '.join(removed)}")
+            print(f"diag: {note}", file=sys.stderr)
+            self.notes.append(note)
+            if os.path.exists(self.report_path):
+                self.add_to_report(notes=self.notes)
 
     def _ends_soon(self) -> bool:
         """Whether the command, whose main thread has exited, ends within
@@ -165,6 +184,9 @@ class Launcher:
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
         self.snapshot = snapshot
+        if time.monotonic() >= self.next_shm_sample:
+            self.shm.sample([process.pid for process in self._job()])
+            self.next_shm_sample = time.monotonic() + SHM_SAMPLE_S
         self.role.after_poll(self)
         return self.verdicts
 
