@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from diagnose.analysis.position import innermost
+from diagnose.analysis.position import (entered_step, innermost, milestone, open_step,
+                                        tp_peers)
 from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, gpu_behind, unfinished
-from diagnose.core.snapshot import CollectiveRecord
-from diagnose.core.vocab import Phase
+from diagnose.core.snapshot import CollectiveRecord, RankState
+from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role
+
+DRIVER_WAITS = (Phase.EXECUTE_MODEL, Phase.SAMPLE)  # the driver waits on the output rank
 
 
 def wait_for_graph(view: View) -> dict[Node, set[Node]]:
@@ -22,6 +25,8 @@ def wait_for_graph(view: View) -> dict[Node, set[Node]]:
             graph[rank] |= record_waits(view, rank, record)
             if gpu_behind(record):
                 continue               # it waits on its own GPU, whatever its host does next
+        elif state.identity.role == Role.WORKER:
+            graph[rank] |= unseen_waits(view, rank, state)
         phase = innermost(state)
         if (driver is not None and phase is not None and phase.name == Phase.DEQUEUE
                 and state.ring_read >= driver.ring_written):
@@ -29,9 +34,31 @@ def wait_for_graph(view: View) -> dict[Node, set[Node]]:
     if driver is not None and DRIVER not in view.deaths:
         phase = innermost(driver)
         output = view.output_rank()
-        if phase is not None and phase.name == Phase.EXECUTE_MODEL and output is not None:
+        if phase is not None and phase.name in DRIVER_WAITS and output is not None:
             graph[DRIVER].add(output)
     return graph
+
+
+def unseen_waits(view: View, rank: int, state: RankState) -> set[Node]:
+    """A worker inside a phase with no collective in sight may still wait in one
+    the probe cannot see (a compiled model's all-reduce, a CUDA graph replay): on
+    the TP peers that have not begun its step, or, in a start-up phase, that have
+    not reached or not finished it. A peer that went on past the rank is no
+    reason for it to wait."""
+    peers = tp_peers(view, rank)
+    step = open_step(state)
+    if step is not None:
+        return {peer for peer in peers if entered_step(view.ranks[peer]) < step}
+    phase = innermost(state)
+    if phase is None or phase.name not in STARTUP_PHASES:
+        return set()
+    mine = MILESTONES.index(phase.name)
+    return {peer for peer in peers if milestone(view.ranks[peer]) < mine
+            or _inside(view.ranks[peer], phase.name)}
+
+
+def _inside(state: RankState, name: str) -> bool:
+    return any(event.name == name for event in state.open_phases)
 
 
 def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:

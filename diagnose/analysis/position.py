@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.core.snapshot import PhaseEvent, RankState
-from diagnose.core.vocab import MILESTONES, Phase, Role
+from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role
 
 
 def innermost(state: RankState) -> PhaseEvent | None:
@@ -11,11 +11,17 @@ def innermost(state: RankState) -> PhaseEvent | None:
 
 
 def last_progress(state: RankState) -> float:
+    """A phase boundary or a collective event; in a start-up phase also a move of
+    the main thread's frame (compiling or loading weights runs long and never
+    blocks, which a hang does)."""
     times = [state.started_at]
     for event in state.phases + state.open_phases:
         times.append(event.start if event.end is None else event.end)
     for record in state.collectives:
         times.append(record.t_enqueue if record.t_complete is None else record.t_complete)
+    phase = innermost(state)
+    if state.frame_moved_at is not None and phase is not None and phase.name in STARTUP_PHASES:
+        times.append(state.frame_moved_at)
     return max(times)
 
 
@@ -39,6 +45,26 @@ def last_step(state: RankState) -> int | None:
     steps = [event.step for event in state.phases if event.name == Phase.EXECUTE_MODEL
              and event.step is not None and event.end is not None]
     return max(steps) if steps else None
+
+
+def open_step(state: RankState) -> int | None:
+    """The step of the execute_model the rank is inside, if any."""
+    return next((event.step for event in reversed(state.open_phases)
+                 if event.name == Phase.EXECUTE_MODEL), None)
+
+
+def entered_step(state: RankState) -> int:
+    """The last step whose execute_model the rank began (-1: none)."""
+    return max((event.step for event in state.phases + state.open_phases
+                if event.name == Phase.EXECUTE_MODEL and event.step is not None), default=-1)
+
+
+def tp_peers(view: View, rank: int) -> list[int]:
+    """The other live ranks of the rank's TP group."""
+    ident = view.ranks[rank].identity
+    group = view.groups.get(f"tp{ident.pp_rank}", []) if ident.pp_rank is not None else []
+    return [peer for peer in group if peer != rank and peer in view.ranks
+            and peer not in view.deaths]
 
 
 def position(state: RankState) -> tuple[float, int] | None:

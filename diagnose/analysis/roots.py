@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
-from diagnose.analysis.position import (current_step, device_progress, innermost, last_progress,
-                                        last_step, limit_phase, milestone, phase_name, ring_behind,
-                                        where)
+from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
+                                        last_progress, last_step, limit_phase, milestone,
+                                        open_step, phase_name, ring_behind, tp_peers, where)
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
@@ -48,16 +48,18 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     stall = view.now - _stalled_since(view, node, victims)
     if stall < limits.limit(limit_phase(view, node)):
         return None
-    kind, reached = _root_kind(view, node)
+    kind, reached, missed_step = _root_kind(view, node)
     group, seq = _waited_collective(view, node, victims)
     if kind == VerdictKind.STUCK_IN_PHASE and not (state.phases or state.open_phases) and group is not None:
         kind = VerdictKind.COLLECTIVE_MISSING_PEERS
-    step = current_step(state)
+    step = current_step(state) if missed_step is None else missed_step
+    if reached is not None and missed_step is not None:
+        reached = f"{reached} step {missed_step}"
     words = _root_words(view, node, kind, reached, stall, group, seq).waiting(victims)
     evidence = rank_evidence(view, state)
     if node == DRIVER:
         evidence["culprit"] = DRIVER
-    phase = reached if kind == VerdictKind.NEVER_REACHED else phase_name(state)
+    phase = reached.split()[0] if kind == VerdictKind.NEVER_REACHED else phase_name(state)
     return Verdict(kind=kind, culprit_ranks=ranks_of({node}), victim_ranks=ranks_of(victims),
                    summary=words.text, spans=words.spans, phase=phase, step=step,
                    group=group, seq=seq, detected_after_s=round(stall, 3), evidence=evidence)
@@ -102,10 +104,14 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
     members = ranks_of(component)
     first = view.state(members[0] if members else DRIVER)
     record = view.pending.get(members[0]) if members else None
-    what = (f"{record.group} {record.op} seq {record.seq}" if record is not None
-            else phase_name(first) or "their phases")
-    words = Words().culprit(rank_list(members, driver=DRIVER in component)).add(
-        f" wait on each other in {what} for {stall:.0f} s").waiting(victims)
+    names = Words().culprit(rank_list(members, driver=DRIVER in component))
+    if record is not None:
+        words = names.add(f" wait on each other in {record.group} {record.op} seq "
+                          f"{record.seq} for {stall:.0f} s")
+    else:                        # no call in sight: they may wait in one the probe cannot see
+        words = names.add(f" are all stuck in {phase_name(first) or 'their phases'} for "
+                          f"{stall:.0f} s, none in a collective the probe can see")
+    words.waiting(victims)
     return Verdict(kind=VerdictKind.STUCK_IN_PHASE, culprit_ranks=members,
                    victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
                    phase=phase_name(first), step=current_step(first),
@@ -134,22 +140,36 @@ def _stalled_since(view: View, node: Node, victims: set[Node]) -> float:
     return since
 
 
-def _root_kind(view: View, node: Node) -> tuple[str, str | None]:
-    """The verdict kind for a stalled root, and the milestone it never reached."""
+def _root_kind(view: View, node: Node) -> tuple[VerdictKind, str | None, int | None]:
+    """The verdict kind for a stalled root, and the phase (and step) it never reached."""
     if node == DRIVER:
-        return VerdictKind.STUCK_IN_PHASE, None
+        return VerdictKind.STUCK_IN_PHASE, None, None
     state = view.ranks[node]
     if state.identity.role == Role.PROCESS:
         missed = _phase_missed(view, node)
         if missed is not None:
-            return VerdictKind.NEVER_REACHED, missed
+            return VerdictKind.NEVER_REACHED, missed, None
     peers = [milestone(other) for rank, other in view.ranks.items() if rank != node]
     furthest = max(peers, default=-1)
     if milestone(state) < furthest:
-        return VerdictKind.NEVER_REACHED, MILESTONES[furthest]
+        return VerdictKind.NEVER_REACHED, MILESTONES[furthest], None
     if ring_behind(view, node):
-        return VerdictKind.BROADCAST_NOT_CONSUMED, None
-    return VerdictKind.STUCK_IN_PHASE, None
+        return VerdictKind.BROADCAST_NOT_CONSUMED, None, None
+    step = _step_missed(view, node)
+    if step is not None:
+        return VerdictKind.NEVER_REACHED, Phase.EXECUTE_MODEL, step
+    return VerdictKind.STUCK_IN_PHASE, None, None
+
+
+def _step_missed(view: View, node: int) -> int | None:
+    """The step a worker's TP peers are inside while it, outside execute_model,
+    never began it."""
+    state = view.ranks[node]
+    if open_step(state) is not None:
+        return None
+    ahead = [open_step(view.ranks[peer]) for peer in tp_peers(view, node)]
+    step = max((step for step in ahead if step is not None), default=None)
+    return step if step is not None and step > entered_step(state) else None
 
 
 def _phase_missed(view: View, node: Node) -> str | None:
@@ -194,13 +214,34 @@ def _root_words(view: View, node: Node, kind: VerdictKind, reached: str | None, 
     if kind == VerdictKind.NEVER_REACHED:
         return words.add(f" never reached {reached}: {stuck}")
     if kind == VerdictKind.BROADCAST_NOT_CONSUMED:
-        return words.add(f" stopped taking the driver's broadcast: it read {state.ring_read} of "
-                         f"{view.driver.ring_written} messages while its peers read more; {stuck}")
+        return words.add(f" {_unread_broadcast(view, node)}; {stuck}")
     if kind == VerdictKind.COLLECTIVE_MISSING_PEERS:
         op = next(record.op for record in view.pending.values()
                   if (record.group, record.seq) == (group, seq))
         return words.add(f" never joined {group} {op} seq {seq}: {stuck}")
     return words.add(f" {stuck}")
+
+
+def _unread_broadcast(view: View, node: int) -> str:
+    """'has not read broadcast #57 that ranks 0, 2 and 3 read 12 s ago (it read 56 of
+    57 messages)': the message it stopped at, and when its peers took it."""
+    read = view.ranks[node].ring_read
+    readers = {rank: state for rank, state in view.ranks.items()
+               if rank != node and state.ring_read > read}
+    taken = [when for state in readers.values()
+             if (when := _time_read(state, read + 1)) is not None]
+    ago = f" {view.now - min(taken):.0f} s ago" if taken else ""
+    return (f"has not read broadcast #{read + 1} that {rank_list(readers)} read{ago} (it read "
+            f"{read} of {view.driver.ring_written} messages)")
+
+
+def _time_read(state: RankState, message: int) -> float | None:
+    """When a worker took broadcast `message`: the end of the dequeue that took it
+    (one message each), if its phase ring still holds that dequeue."""
+    dequeues = sorted(event.end for event in state.phases
+                      if event.name == Phase.DEQUEUE and event.end is not None)
+    back = state.ring_read - message + 1
+    return dequeues[-back] if 0 < back <= len(dequeues) else None
 
 
 def _last_call_text(state: RankState, stall: float) -> str:

@@ -112,6 +112,8 @@ class RankState:
     stacks: dict[str, list[str]] | None = None  # thread name -> frames, from a dump
     device_done_at: float | None = None          # on a GPU: when the probe last saw it finish
     device_pending: DeviceWork | None = None     # the oldest step work it has not finished
+    frame_moved_at: float | None = None  # when the collector last saw `frame` change; None:
+                                         # not seen (a single read, a post-mortem)
 
     @property
     def phase(self) -> PhaseEvent | None:

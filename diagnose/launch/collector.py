@@ -47,6 +47,7 @@ class Collector:
         self._stacks: dict[str, tuple[int, dict | None]] = {}
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
         self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
+        self._frames: dict[str, tuple] = {}    # path -> (pid, frame, when it was first seen)
         self._host = socket.gethostname()
 
     def snapshot(self) -> Snapshot:
@@ -127,7 +128,7 @@ class Collector:
             ring_written=data.ring_written,
             fault=FaultRecord(data.fault_spec, data.fault_fired_at) if data.fault_spec else None,
             worker_exits=data.worker_exits,
-            stacks=self._read_stacks(identity),
+            stacks=self._read_stacks(identity), frame_moved_at=self._frame_moved(path, data),
             device_done_at=data.device_done_at, device_pending=data.device_pending)
 
     def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
@@ -155,6 +156,16 @@ class Collector:
         if identity.host != self._host:
             return time.time() - data.heartbeat_at < REMOTE_ALIVE_S
         return pid_alive(data.header.pid, data.header.create_time)
+
+    def _frame_moved(self, path: str, data: runfile.ProbeData) -> float | None:
+        """When this collector saw the main thread's frame change last: a process
+        that compiles or loads keeps moving; a blocked one sits on one frame."""
+        seen = self._frames.get(path)
+        if seen is not None and seen[:2] == (data.header.pid, data.frame):
+            return seen[2]
+        moved = data.heartbeat_at if seen is not None and seen[0] == data.header.pid else None
+        self._frames[path] = (data.header.pid, data.frame, moved)
+        return moved
 
     def _read_stacks(self, identity: Identity) -> dict | None:
         """The rank's last stacks dump, if this process (its pid) wrote it."""

@@ -1,0 +1,77 @@
+"""The analysis when the collectives a rank waits in are out of the probe's sight,
+as in vLLM, whose TP all-reduce runs inside its compiled model: synthetic
+snapshots of that shape (execute_model phases, no collective records)."""
+from diagnose.analysis import analyze
+from diagnose.core.vocab import Phase
+from synthetic import OP_S, Job
+
+
+def compiled_step(job: Job, rank: int, step: int, start: float, end: float | None) -> None:
+    """A vLLM-like step: the dequeue that takes its message, then execute_model;
+    the all-reduces inside it are not seen."""
+    job.dequeue(rank, start, start + OP_S)
+    job.ranks[rank].ring_read += 1
+    job.phase(job.ranks[rank], Phase.EXECUTE_MODEL, start + OP_S, end, step)
+
+
+def vllm_tp2(steps: int, now_after: float) -> tuple[Job, float]:
+    job = Job(tp=2, pp=1)
+    t = job.everyone_started()
+    for step in range(steps):
+        job.driver_step(step, t, t + 0.1)
+        for rank in (0, 1):
+            compiled_step(job, rank, step, t, t + 0.09)
+        t += 0.12
+    job.now = t + now_after
+    return job, t
+
+
+def test_the_peer_a_step_behind_is_named_not_the_rank_waiting_inside_the_compiled_model():
+    job, t = vllm_tp2(steps=3, now_after=3.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 1, 3, t, None)                     # waits inside the compiled all-reduce
+    job.dequeue(0, t, t + OP_S)                            # took the message, then blocked
+    job.ranks[0].ring_read += 1
+
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks, v.victim_ranks) for v in verdicts] == [
+        ("never_reached", [0], [1])]
+    assert verdicts[0].step == 3 and verdicts[0].phase == "execute_model"
+    assert "never reached execute_model step 3" in verdicts[0].summary
+    assert "rank 1 and the driver wait on it" in verdicts[0].summary
+
+
+def test_a_rank_waiting_on_a_peer_that_still_compiles_is_no_hang():
+    job = Job(tp=2, pp=1)
+    for rank in (0, 1):
+        job.startup(rank, 10.0, stop_in=Phase.WARMUP)
+    job.now = 10.0 + 3 + 60.0                               # a minute into warm-up
+    job.ranks[1].frame_moved_at = job.now - 0.2            # rank 1 compiles: its frame moves
+    assert analyze(job.snapshot()) == []
+
+
+def test_a_start_up_phase_whose_frame_moves_is_no_hang():
+    job = Job(tp=1, pp=1)
+    job.startup(0, 10.0, stop_in=Phase.INIT_KV_CACHE)
+    job.now = 10.0 + 2 + 60.0
+    job.ranks[0].frame_moved_at = job.now - 0.3
+    assert analyze(job.snapshot()) == []
+    job.ranks[0].frame_moved_at = None                     # a post-mortem: nothing seen move
+    assert [v.culprit_ranks for v in analyze(job.snapshot())] == [[0]]
+
+
+def test_peers_both_stuck_in_warm_up_are_one_verdict_that_claims_no_collective():
+    job = Job(tp=2, pp=1)
+    for rank in (0, 1):
+        job.startup(rank, 10.0, stop_in=Phase.WARMUP)
+    job.now = 10.0 + 3 + 60.0
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [("stuck_in_phase", [0, 1])]
+    assert "none in a collective the probe can see" in verdicts[0].summary
+
+
+def test_healthy_compiled_steps_give_no_verdict():
+    job, t = vllm_tp2(steps=20, now_after=0.05)
+    job.driver_step(20, t, None)
+    compiled_step(job, 1, 20, t, None)                     # rank 0 not there yet: 50 ms
+    assert analyze(job.snapshot()) == []
