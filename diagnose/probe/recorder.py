@@ -128,7 +128,7 @@ class Recorder:
             return OFF
         seq = self.seqs.get(key, 0)
         self.seqs[key] = seq + 1
-        on_device = self.on_device and tensors[0].is_cuda and not self.capturing()
+        on_device = self.on_device and bool(tensors) and tensors[0].is_cuda and not self.capturing()
         at = self.file.open_collective(group, seq, op, peer, shapes, dtype, nbytes, site,
                                        time.time(), on_device)
         if not on_device:

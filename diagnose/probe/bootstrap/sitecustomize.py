@@ -1,9 +1,9 @@
 """Started in every Python process of a `diag launch` run: `diag launch` puts
 this directory first on PYTHONPATH. Without DIAG_RUN_DIR it only runs the
 sitecustomize it hides, if there is one; with it, it arms the probe's
-torch.distributed tracing and the --mark functions (both wait for their
-module's import, so a process that never imports them pays a dict lookup per
-import)."""
+torch.distributed tracing, the --mark functions and the vLLM plugin (all wait
+for their module's import, so a process that never imports them pays a dict
+lookup per import)."""
 import importlib.machinery
 import importlib.util
 import os
@@ -22,9 +22,10 @@ def _arm_probe():
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     if repo not in sys.path:
         sys.path.append(repo)  # last: the program's own modules win over ours
-    from diagnose.probe import marks, torch_dist
+    from diagnose.probe import marks, torch_dist, vllm
     torch_dist.install()
     marks.install()
+    vllm.install()
 
 
 _run_hidden_sitecustomize()

@@ -1,0 +1,233 @@
+"""vLLM's processes as the probe sees them: a vLLM general plugin (the
+`vllm.general_plugins` entry point `hangscope`), inert unless DIAG_RUN_DIR is
+set. `diag launch` also calls `register` when vLLM's plugin module is
+imported, so a vLLM environment without hangscope installed is traced too.
+
+In the EngineCore (the driver): every collective_rpc is one message of the
+executor's shared-memory broadcast queue (`probe.ring_state`), and the wait
+for the reply of an execute_model or sample_tokens call is the driver's phase
+of that name. In each worker (`VllmWorker-<rank>`): the probe starts when
+vLLM sets up the worker's distributed environment, with vLLM's rank layout
+(rank = pp_rank * tp_size + tp_rank); the worker's start-up calls and each
+execute_model (its step: the count of execute_model calls, the same on every
+rank) and sample_tokens are phases; its wait on the broadcast queue is the
+dequeue phase, and each message it takes is counted (`probe.ring_read`); the
+group coordinator's collectives are records (vllm_collectives.py). Faults
+(`--fault`) fire at these phases as in the engine.
+
+Nothing here changes what torch.compile traces: every wrapper that a compiled
+region may reach returns the original call at once while Dynamo traces.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+
+from diagnose import probe
+from diagnose.core.layout import Layout
+from diagnose.core.vocab import Phase, Role
+from diagnose.probe import torch_dist, vllm_collectives
+
+WORKER_PHASES = {                       # vLLM worker method -> the phase it is
+    "load_model": Phase.LOAD_WEIGHTS,
+    "determine_available_memory": Phase.INIT_KV_CACHE,
+    "initialize_from_config": Phase.INIT_KV_CACHE,
+    "compile_or_warm_up_model": Phase.WARMUP,
+    "execute_model": Phase.EXECUTE_MODEL,
+    "sample_tokens": Phase.SAMPLE,
+}
+DRIVER_PHASES = {"execute_model": Phase.EXECUTE_MODEL, "sample_tokens": Phase.SAMPLE}
+EXECUTOR = "vllm.v1.executor.multiproc_executor"
+GPU_WORKER = "vllm.v1.worker.gpu_worker"
+PARALLEL_STATE = "vllm.distributed.parallel_state"
+
+_registered = False
+
+
+def register() -> None:
+    """The plugin's entry point; vLLM calls it once in each of its processes."""
+    global _registered
+    if _registered or not os.environ.get(probe.RUN_DIR_VAR):
+        return
+    _registered = True
+    name = multiprocessing.current_process().name
+    if name.startswith("VllmWorker"):
+        torch_dist.on_import(GPU_WORKER, _patch_distributed_setup)
+        torch_dist.on_import(EXECUTOR, _patch_worker_loop)
+        torch_dist.on_import(PARALLEL_STATE, vllm_collectives.patch)
+    elif name.startswith("EngineCore"):
+        probe.init(Role.DRIVER)
+        torch_dist.on_import(EXECUTOR, _patch_executor)
+
+
+def install() -> None:
+    """`diag launch`'s way in: register once vLLM's plugins module is imported."""
+    torch_dist.on_import("vllm.plugins", lambda module: register())
+
+
+# -- a worker ----------------------------------------------------------------
+
+@dataclass
+class _Counts:
+    executed: int = 0   # execute_model calls begun (worker) or sent (driver): the step
+    messages: int = 0   # broadcast messages taken (worker) or written (driver)
+
+
+_counts = _Counts()
+
+
+def _patch_distributed_setup(gpu_worker) -> None:
+    """Start the probe as vLLM sets up the worker's process groups (the CPU and
+    XPU workers import this function from the GPU worker's module)."""
+    original = gpu_worker.init_worker_distributed_environment
+
+    @functools.wraps(original)
+    def init_worker_distributed_environment(vllm_config, rank, *args, **kwargs):
+        _start_probe(vllm_config, rank, args[1] if len(args) > 1 else kwargs.get("local_rank"))
+        with probe.phase(Phase.INIT_DISTRIBUTED):
+            return original(vllm_config, rank, *args, **kwargs)
+
+    gpu_worker.init_worker_distributed_environment = init_worker_distributed_environment
+
+
+def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
+    parallel = vllm_config.parallel_config
+    layout = Layout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    pp_rank, tp_rank = layout.place(rank)
+    device = str(vllm_config.device_config.device)
+    if device.startswith("cuda") and local_rank is not None:
+        device = f"cuda:{local_rank}"
+    probe.init(Role.WORKER, rank=rank, world_size=layout.world_size, tp_rank=tp_rank,
+               tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
+               device=device, groups=layout.groups())
+    _wrap_worker_methods(_worker_class(parallel.worker_cls))
+
+
+def _worker_class(qualified_name: str):
+    module_name, _, class_name = qualified_name.rpartition(".")
+    __import__(module_name)
+    return getattr(sys.modules[module_name], class_name)
+
+
+def _wrap_worker_methods(worker_cls) -> None:
+    for method, phase in WORKER_PHASES.items():
+        original = getattr(worker_cls, method, None)
+        if original is not None:
+            setattr(worker_cls, method, _as_worker_phase(original, phase))
+
+
+def _as_worker_phase(original, phase: Phase):
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        if phase == Phase.EXECUTE_MODEL:
+            step, _counts.executed = _counts.executed, _counts.executed + 1
+        else:
+            step = _counts.executed - 1 if phase == Phase.SAMPLE else None
+        with probe.phase(phase, step=step):
+            return original(*args, **kwargs)
+    return method
+
+
+def _patch_worker_loop(executor) -> None:
+    """The busy loop waits on the broadcast queue: that wait is the dequeue phase."""
+    original = executor.WorkerProc.worker_busy_loop
+
+    @functools.wraps(original)
+    def worker_busy_loop(self, *args, **kwargs):
+        queue = self.rpc_broadcast_mq
+        if queue is not None:
+            queue.dequeue = _dequeue_phase(queue.dequeue)
+        return original(self, *args, **kwargs)
+
+    executor.WorkerProc.worker_busy_loop = worker_busy_loop
+
+
+def _dequeue_phase(dequeue):
+    @functools.wraps(dequeue)
+    def phased(*args, **kwargs):
+        with probe.phase(Phase.DEQUEUE, step=_counts.executed):
+            message = dequeue(*args, **kwargs)
+        _counts.messages += 1
+        probe.ring_read(_counts.messages)
+        return message
+    return phased
+
+
+# -- the EngineCore -------------------------------------------------------------
+
+_pending = threading.local()   # .phase: (phase, step) of the call being made, for its future
+
+
+def _patch_executor(executor) -> None:
+    """Each collective_rpc broadcasts one message; a reply to wait for comes back
+    through a FutureWrapper, whose wait is the driver's phase of that call."""
+    executor_cls, future_cls = executor.MultiprocExecutor, executor.FutureWrapper
+    collective_rpc = executor_cls.collective_rpc
+    init, wait = future_cls.__init__, future_cls._wait_for_response
+
+    @functools.wraps(collective_rpc)
+    def counted_rpc(self, method, *args, **kwargs):
+        _counts.messages += 1
+        probe.ring_state(_counts.messages)
+        _pending.phase = _driver_phase(method)
+        try:
+            return collective_rpc(self, method, *args, **kwargs)
+        finally:
+            _pending.phase = None
+
+    @functools.wraps(init)
+    def tagged_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.diag_phase = getattr(_pending, "phase", None)
+
+    @functools.wraps(wait)
+    def phased_wait(self):
+        phase = getattr(self, "diag_phase", None)
+        if phase is None:
+            return wait(self)
+        with probe.phase(*phase):
+            return wait(self)
+
+    executor_cls.collective_rpc = counted_rpc
+    future_cls.__init__ = tagged_init
+    future_cls._wait_for_response = phased_wait
+    _note_worker_exits(executor_cls)
+
+
+def _note_worker_exits(executor_cls) -> None:
+    """The exit code of a worker that ends while the executor is not shutting
+    down, as the engine's driver records it: the analysis can then say how the
+    worker died."""
+    original = executor_cls.start_worker_monitor
+
+    @functools.wraps(original)
+    def start_worker_monitor(self, *args, **kwargs):
+        threading.Thread(target=_watch_workers, args=(weakref.ref(self), list(self.workers)),
+                         daemon=True, name="diag-vllm-workers").start()
+        return original(self, *args, **kwargs)
+
+    executor_cls.start_worker_monitor = start_worker_monitor
+
+
+def _watch_workers(executor, handles: list) -> None:
+    left = {handle.proc.sentinel: handle for handle in handles}
+    while left:
+        for sentinel in multiprocessing.connection.wait(list(left)):
+            handle = left.pop(sentinel)
+            if executor() is None or getattr(executor(), "shutting_down", False):
+                return
+            handle.proc.join(timeout=1.0)
+            probe.worker_exit(handle.rank, handle.proc.exitcode)
+
+
+def _driver_phase(method) -> tuple[Phase, int] | None:
+    phase = DRIVER_PHASES.get(method) if isinstance(method, str) else None
+    if phase == Phase.EXECUTE_MODEL:
+        _counts.executed += 1
+    return None if phase is None else (phase, _counts.executed - 1)

@@ -1,0 +1,110 @@
+"""vLLM's collectives as probe records: the methods of its GroupCoordinator,
+the layer every TP all-reduce/all-gather and PP send/recv of a vLLM worker
+goes through.
+
+Group names follow the engine's: the TP group of PP stage p is "tp{p}", the
+PP group "pp", others keep vLLM's name. What runs in Python is traced: eager
+code (the logits all-gather, the PP tensor-dict send/recv, --enforce-eager
+models) and, on GPU, the custom op that compiled graphs call for an
+all-reduce. Inside a compiled model on CPU the all-reduce is C++ only, and a
+CUDA graph replay runs no Python: those calls are not seen, which the
+analysis allows for. Calls a traced call makes are its own.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+from diagnose import probe
+from diagnose.probe.torch_dist import TracedWork
+
+TRACED = {   # GroupCoordinator method -> the op recorded
+    "all_reduce": "all_reduce",
+    "_all_reduce_out_place": "all_reduce",
+    "all_gather": "all_gather",
+    "gather": "gather",
+    "broadcast": "broadcast",
+    "broadcast_object": "broadcast",
+    "barrier": "barrier",
+    "send_tensor_dict": "send",
+    "isend_tensor_dict": "send",
+    "recv_tensor_dict": "recv",
+    "irecv_tensor_dict": "recv",
+}
+ASYNC_SEND = "isend_tensor_dict"    # its tensor handles are waited at the next step
+
+_inside = threading.local()
+_names: dict[int, str] = {}
+
+
+def patch(parallel_state) -> None:
+    import torch
+    coordinator = parallel_state.GroupCoordinator
+    for method, op in TRACED.items():
+        original = coordinator.__dict__.get(method)
+        if original is not None:
+            setattr(coordinator, method, _traced(original, method, op, parallel_state,
+                                                 torch.compiler.is_compiling))
+
+
+def _traced(original, method: str, op: str, parallel_state, compiling):
+    @functools.wraps(original)
+    def traced(group, *args, **kwargs):
+        if compiling() or getattr(_inside, "active", False) or group.world_size <= 1:
+            return original(group, *args, **kwargs)
+        record = probe.collective(_group_name(group, parallel_state), op, _tensors(args),
+                                  peer=_peer(group, op, args, kwargs))
+        record.__enter__()
+        if record.skip:
+            return _skipped(method)
+        _inside.active = True
+        try:
+            result = original(group, *args, **kwargs)
+        except BaseException:
+            record.__exit__(None, None, None)
+            raise
+        finally:
+            _inside.active = False
+        if method == ASYNC_SEND and len(result) > 1:
+            return result[:-1] + [TracedWork(result[-1], [record])]
+        record.__exit__(None, None, None)
+        return result
+    return traced
+
+
+def _group_name(group, parallel_state) -> str:
+    name = _names.get(id(group))
+    if name is None:
+        kind = group.unique_name.split(":")[0]
+        if kind == "tp":
+            name = f"tp{parallel_state.get_pp_group().rank_in_group}"
+        else:
+            name = kind if kind in ("pp", "world") else group.unique_name
+        _names[id(group)] = name
+    return name
+
+
+def _tensors(args: tuple) -> list:
+    first = args[0] if args else None
+    if isinstance(first, dict):
+        return [value for value in first.values() if hasattr(value, "shape")]
+    return [first] if hasattr(first, "shape") else []
+
+
+def _peer(group, op: str, args: tuple, kwargs: dict) -> int | None:
+    """The global rank at the other end of a send/recv (vLLM takes the peer's rank
+    within the group, by default the next or the previous stage)."""
+    if op == "send":
+        local = kwargs.get("dst", args[1] if len(args) > 1 else None)
+        default = group.rank_in_group + 1
+    elif op == "recv":
+        local = kwargs.get("src", args[0] if args else None)
+        default = group.rank_in_group - 1
+    else:
+        return None
+    return group.ranks[(default if local is None else local) % group.world_size]
+
+
+def _skipped(method: str):
+    """What a call skipped by a skip_collective fault returns: nothing received."""
+    return {"irecv_tensor_dict": (None, [], []), "isend_tensor_dict": []}.get(method)
