@@ -1,0 +1,150 @@
+"""diag launch around real vLLM (0.32, its CPU build) serving a tiny Llama at
+tp=2 and tp=2 pp=2 on the CPU, with faults injected through the probe's vLLM
+plugin (`--fault`), never by editing vLLM. vLLM compiles its model here as it
+does by default, so its TP all-reduce runs inside compiled code, where no
+Python is called: the analysis must name the culprit without seeing it."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from collecting import collect
+from vllm_serving import PROMPT, VLLM, Server, free_port, make_checkpoint, serve_command
+
+pytestmark = [pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed "
+                                 "here: run ./setup.sh --vllm (CI does)"),
+              pytest.mark.timeout(900)]
+DETECT_S = 5.0
+MARK = "vllm.model_executor.models.llama:LlamaModel.forward=forward"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+def launch(tmp_path: Path, checkpoint: Path, cache: Path, tp: int = 2, pp: int = 1,
+           diag: tuple = ()) -> tuple[Server, Path]:
+    run_dir, port = tmp_path / "run", free_port()
+    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
+               *diag, "--", *serve_command(checkpoint, port, tp, pp)]
+    server = Server.start(command, port, cache, tp * pp, tmp_path / "diag.log")
+    return server, run_dir
+
+
+def report(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report.json").read_text())
+
+
+def left_behind(checkpoint: Path) -> list[str]:
+    """vLLM processes still running for this checkpoint (its title hides the command)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if str(checkpoint) in line or line.startswith("VLLM::"):
+            found.append(line[:80])
+    return found
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def assert_nothing_left(checkpoint: Path, shm_before: set[str]) -> None:
+    deadline = time.monotonic() + 10
+    while (left_behind(checkpoint) or shm_files() - shm_before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left_behind(checkpoint) == []
+    assert shm_files() - shm_before == set()
+
+
+def test_tp2_rank0_that_never_reaches_its_4th_step_is_named_not_its_peer(tmp_path, checkpoint,
+                                                                          cache):
+    shm_before = shm_files()
+    server, run_dir = launch(tmp_path, checkpoint, cache, diag=(
+        "--on-hang", "kill", "--fault", "rank=0,at=execute_model,step=3,kind=hang"))
+    server.wait_ready()
+    stop, texts = threading.Event(), []
+    server.keep_busy(stop, texts)
+    assert server.finish() == 86, server.tail()
+    stop.set()
+    body = report(run_dir)
+    verdict = body["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"], verdict["victim_ranks"]) == (
+        "never_reached", [0], [1]), verdict["summary"]
+    assert "never reached execute_model step 3" in verdict["summary"]
+    assert "rank 1 and the driver wait on it" in verdict["summary"]
+    assert verdict["detected_after_s"] < DETECT_S
+    assert {v["culprit_ranks"][0] for v in body["verdicts"]} == {0}
+    assert set(body["stacks"]) == {"0", "1"}
+    assert any("block_forever" in frame for frame in body["stacks"]["0"]["MainThread"])
+    assert_nothing_left(checkpoint, shm_before)
+
+
+def test_tp2_pp2_last_stage_tp1_rank_is_the_only_culprit(tmp_path, checkpoint, cache):
+    server, run_dir = launch(tmp_path, checkpoint, cache, tp=2, pp=2, diag=(
+        "--on-hang", "kill", "--fault", "rank=3,at=execute_model,step=1,kind=hang"))
+    server.wait_ready()
+    stop = threading.Event()
+    server.keep_busy(stop, [])
+    assert server.finish() == 86, server.tail()
+    stop.set()
+    verdicts = report(run_dir)["verdicts"]
+    assert [v["culprit_ranks"] for v in verdicts] == [[3]], [v["summary"] for v in verdicts]
+    assert verdicts[0]["kind"] == "never_reached"
+    assert "rank 3 (pp 1/2, tp 1)" in verdicts[0]["summary"]
+    assert 2 in verdicts[0]["victim_ranks"]
+
+
+def test_a_worker_killed_while_serving_is_dead_within_a_second(tmp_path, checkpoint, cache):
+    server, run_dir = launch(tmp_path, checkpoint, cache, diag=("--on-hang", "kill"))
+    server.wait_ready()
+    stop, texts = threading.Event(), []
+    server.keep_busy(stop, texts)
+    while len(texts) < 2:
+        time.sleep(0.2)
+    os.kill(collect(str(run_dir)).ranks[1].identity.pid, 9)
+    assert server.finish() == 86, server.tail()
+    stop.set()
+    verdict = report(run_dir)["verdicts"][0]
+    assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1]), verdict["summary"]
+    assert verdict["detected_after_s"] < 1.0
+
+
+def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
+        tmp_path, checkpoint, cache):
+    plain_port = free_port()
+    plain = Server.start(serve_command(checkpoint, plain_port, 2, 1), plain_port, cache, 2,
+                         tmp_path / "plain.log")
+    plain.wait_ready()
+    reference = plain.complete(PROMPT)
+    plain.interrupt()
+    plain.finish()
+
+    server, run_dir = launch(tmp_path, checkpoint, cache, diag=("--on-hang", "kill",
+                                                                "--mark", MARK))
+    server.wait_ready()
+    stop, texts = threading.Event(), []
+    server.keep_busy(stop, texts)
+    time.sleep(60)
+    stop.set()
+    time.sleep(2)
+    vllm_pid = json.loads((run_dir / "launch.json").read_text())["pid"]
+    server.interrupt(vllm_pid)
+    assert server.finish() == 0, server.tail()
+    body = report(run_dir)
+    assert body["verdicts"] == []
+    assert len(texts) >= 10 and set(texts) == {reference}, (reference, set(texts))
+    assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]

@@ -1,0 +1,125 @@
+"""Real vLLM (its CPU build, in .venv-vllm: ./setup.sh --vllm) serving a tiny
+Llama, with or without `diag launch` around it, for the tests and benchmarks.
+
+Every server gets a private TMPDIR; the compile caches are shared by the
+servers of one session so that only the first one compiles cold."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM = REPO / ".venv-vllm" / "bin" / "vllm"
+MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
+READY_TIMEOUT_S = 420.0        # a cold compile on a loaded 2-core machine
+BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}   # VLLM_CPU_OMP_THREADS_BIND by world size
+PROMPT = "The capital of France is"
+
+
+def make_checkpoint(out: Path) -> Path:
+    subprocess.run([sys.executable, str(MAKE_CHECKPOINT), str(out)], check=True, cwd=REPO,
+                   timeout=300)
+    return out
+
+
+def vllm_env(cache: Path, tmp: str, world_size: int) -> dict[str, str]:
+    return dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1",
+                VLLM_CPU_OMP_THREADS_BIND=BIND[world_size], HF_HUB_OFFLINE="1",
+                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                TMPDIR=tmp, VLLM_CACHE_ROOT=str(cache / "vllm"),
+                TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+                TRITON_CACHE_DIR=str(cache / "triton"), HF_HOME=str(cache / "hf"),
+                PYTHONUNBUFFERED="1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(checkpoint: Path, port: int, tp: int, pp: int) -> list[str]:
+    return [str(VLLM), "serve", str(checkpoint), "--served-model-name", "tiny", "--host",
+            "127.0.0.1", "--port", str(port), "-tp", str(tp), "-pp", str(pp),
+            "--max-model-len", "512", "--max-num-seqs", "8"]
+
+
+@dataclass
+class Server:
+    """A vLLM server, started as `command` (vllm serve, or diag launch around it),
+    with a TMPDIR of its own: short, since vLLM puts unix sockets there."""
+    process: subprocess.Popen
+    port: int
+    log: Path
+    tmp: str
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, command: list[str], port: int, cache: Path, world_size: int,
+              log: Path) -> Server:
+        tmp = tempfile.mkdtemp(prefix="vllm-")
+        sink = open(log, "wb")
+        process = subprocess.Popen(command, env=vllm_env(cache, tmp, world_size), stdout=sink,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+        return cls(process, port, log, tmp)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
+        """Seconds until /health answers; AssertionError if the command ends first."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            assert self.process.poll() is None, f"ended before ready:\n{self.tail()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    return time.monotonic() - start
+            except (urllib.error.URLError, OSError):
+                time.sleep(1.0)
+        raise AssertionError(f"not ready in {timeout:.0f} s:\n{self.tail()}")
+
+    def complete(self, prompt: str = PROMPT, max_tokens: int = 12, timeout: float = 120) -> str:
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions",
+                                         data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)["choices"][0]["text"]
+
+    def keep_busy(self, stop: threading.Event, texts: list[str]) -> threading.Thread:
+        """One request after another (the same batch shape each time) until `stop`."""
+        def loop():
+            while not stop.is_set():
+                try:
+                    texts.append(self.complete())
+                except (urllib.error.URLError, OSError, ValueError, KeyError) as error:
+                    self.errors.append(str(error))
+                    time.sleep(0.5)
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def interrupt(self, pid: int | None = None) -> None:
+        os.kill(pid or self.process.pid, signal.SIGINT)
+
+    def finish(self, timeout: float = 180) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"did not end in {timeout:.0f} s:\n{self.tail()}") from None
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
