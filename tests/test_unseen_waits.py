@@ -75,3 +75,19 @@ def test_healthy_compiled_steps_give_no_verdict():
     job.driver_step(20, t, None)
     compiled_step(job, 1, 20, t, None)                     # rank 0 not there yet: 50 ms
     assert analyze(job.snapshot()) == []
+
+
+def test_a_rank_the_host_did_not_run_for_a_moment_is_not_stuck_but_a_long_freeze_is():
+    job = Job(tp=1, pp=1)
+    t = job.healthy(5, job.everyone_started())
+    job.driver_step(5, t, None)
+    job.step(0, 5, t, stop="in_forward")
+    job.now = t + 3.1                                      # a 10-90 ms forward took 3.1 s,
+    snapshot = job.snapshot()
+    snapshot.ranks[0].heartbeat_at = job.now - 1.4         # 1.4 s of it unscheduled
+    assert analyze(snapshot) == []
+
+    job.now = t + 12.0                                     # frozen 10 s: a GIL held, SIGSTOP
+    snapshot = job.snapshot()
+    snapshot.ranks[0].heartbeat_at = t + 2.0
+    assert [(v.kind, v.culprit_ranks) for v in analyze(snapshot)] == [("stuck_in_phase", [0])]

@@ -5,6 +5,9 @@ from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.core.snapshot import PhaseEvent, RankState
 from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role
 
+LATE_HEARTBEAT_S = 0.5    # five heartbeats: a process this late was not run
+FREEZE_GRACE_S = 3.0      # a freeze this long is the host's doing, not a hang
+
 
 def innermost(state: RankState) -> PhaseEvent | None:
     return state.open_phases[-1] if state.open_phases else None
@@ -23,6 +26,19 @@ def last_progress(state: RankState) -> float:
     if state.frame_moved_at is not None and phase is not None and phase.name in STARTUP_PHASES:
         times.append(state.frame_moved_at)
     return max(times)
+
+
+def seen_until(view: View, node: Node) -> float:
+    """Until when a live process is known to have run without progress: now, or
+    its last heartbeat where that is late. A process the machine did not run
+    for a moment (a loaded host) is not stuck for that moment; a freeze longer
+    than FREEZE_GRACE_S (a C call that holds the GIL, SIGSTOP) counts, beyond
+    the grace."""
+    state = view.state(node)
+    frozen = view.now - state.heartbeat_at
+    if not state.alive or frozen <= LATE_HEARTBEAT_S:
+        return view.now
+    return state.heartbeat_at + max(0.0, frozen - FREEZE_GRACE_S)
 
 
 def device_progress(state: RankState) -> float:

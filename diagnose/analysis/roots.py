@@ -7,7 +7,8 @@ from dataclasses import asdict
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
                                         last_progress, last_step, limit_phase, milestone,
-                                        open_step, phase_name, ring_behind, tp_peers, where)
+                                        open_step, phase_name, ring_behind, seen_until, tp_peers,
+                                        where)
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
@@ -45,7 +46,7 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return None                      # the job is ending: the rank is on its way out
     if node in view.pending and gpu_behind(view.pending[node]):
         return _gpu_stuck(view, node, victims, limits)
-    stall = view.now - _stalled_since(view, node, victims)
+    stall = seen_until(view, node) - _stalled_since(view, node, victims)
     if stall < limits.limit(limit_phase(view, node)):
         return None
     kind, reached, missed_step = _root_kind(view, node)
@@ -69,7 +70,7 @@ def _gpu_stuck(view: View, node: int, victims: set[Node], limits: StallLimits) -
     """The rank's host enqueued a call and went on; its GPU never reached the call."""
     state = view.ranks[node]
     record = view.pending[node]
-    stall = view.now - max(record.t_enqueue, device_progress(state))
+    stall = seen_until(view, node) - max(record.t_enqueue, device_progress(state))
     if stall < limits.limit(limit_phase(view, node)):
         return None
     done = [r for r in state.collectives if r.t_device_done is not None]
@@ -97,7 +98,7 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
                 limits: StallLimits) -> Verdict | None:
     """Processes that wait on each other: a deadlock, or a collective stuck with all
     its members inside."""
-    stall = min(view.now - last_progress(view.state(node)) for node in component)
+    stall = min(seen_until(view, node) - last_progress(view.state(node)) for node in component)
     limit = max(limits.limit(limit_phase(view, node)) for node in component)
     if stall < limit:
         return None
