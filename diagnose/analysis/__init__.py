@@ -74,11 +74,11 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
 
 def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     view = View(snapshot)
-    if view.deaths:
+    ends = [death.at for death in view.deaths.values()] + shutdown_starts(snapshot)
+    if ends:
         # A job that hung and was then stopped: the hang, seen as it stood just
-        # before the first death, is the cause, and the deaths came after it.
-        first_death = min([death.at for death in view.deaths.values()]
-                          + shutdown_starts(snapshot))
+        # before the first death or the shutdown, is the cause; what ended came after.
+        first_death = min(ends)
         before = rewind(snapshot, first_death)
         hangs = hang_verdicts(View(before), StallLimits(before, thresholds))
         for verdict in hangs:

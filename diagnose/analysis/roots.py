@@ -37,6 +37,8 @@ def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
 def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits) -> Verdict | None:
     state = view.state(node)
     has_phase = innermost(state) is not None
+    if not state.alive:
+        return None                      # it ended, and not as a death (dead_verdicts' part)
     if node == DRIVER and not has_phase:
         return None                      # an idle driver: the server has nothing to do
     if not has_phase and not victims and state.identity.role != Role.WORKER:

@@ -162,9 +162,11 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
     worker's exit only when it next looks, and notes only the first it finds.
     The driver's own exit code is the wrapped command's. When the command
     ended with 0, a process that is gone simply finished. A driver whose
-    interpreter ended normally is judged by the command's exit code, once
-    known: until then it may have ended with 0 (before a shell around it, or
-    while the kernel tears its process down)."""
+    interpreter ended normally, or that had begun to shut the job down, is
+    judged by the command's exit code, once known: until then it may have ended
+    with 0 (before a shell around it, while the kernel tears its process down,
+    or killed by its own parent as part of the shutdown, as vLLM's API server
+    kills its engine core)."""
     if snapshot.command_exit == 0:
         return {}
     exits = {}
@@ -179,8 +181,8 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
         elif not state.alive and not stopping and not exited_cleanly(state):
             deaths[rank] = Death(rank, state.heartbeat_at, None)
     driver = snapshot.driver
-    if driver is not None and not driver.alive and (snapshot.command_exit is not None
-                                                    or not exited_cleanly(driver)):
+    if driver is not None and not driver.alive and (
+            snapshot.command_exit is not None or not (exited_cleanly(driver) or stopping)):
         deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
     return deaths
 

@@ -197,7 +197,19 @@ def _patch_executor(executor) -> None:
     executor_cls.collective_rpc = counted_rpc
     future_cls.__init__ = tagged_init
     future_cls._wait_for_response = phased_wait
+    executor_cls.shutdown = _as_shutdown(executor_cls.shutdown)
     _note_worker_exits(executor_cls)
+
+
+def _as_shutdown(shutdown):
+    """vLLM's own shutdown is the driver's shutdown phase: the workers (and the
+    engine core itself, killed by the API server) that end after it began
+    ended on purpose."""
+    @functools.wraps(shutdown)
+    def phased(*args, **kwargs):
+        with probe.phase(Phase.SHUTDOWN):
+            return shutdown(*args, **kwargs)
+    return phased
 
 
 def _note_worker_exits(executor_cls) -> None:
