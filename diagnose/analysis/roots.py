@@ -14,7 +14,7 @@ from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, driver_shutting_
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
                                        ranks_of, step_text, who)
 from diagnose.core.snapshot import RankState, Verdict
-from diagnose.core.vocab import MILESTONES, Phase, Role, VerdictKind
+from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role, VerdictKind
 
 
 def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
@@ -108,12 +108,13 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
     first = view.state(members[0] if members else DRIVER)
     record = view.pending.get(members[0]) if members else None
     names = Words().culprit(rank_list(members, driver=DRIVER in component))
-    if record is not None:
-        words = names.add(f" wait on each other in {record.group} {record.op} seq "
-                          f"{record.seq} for {stall:.0f} s")
-    else:                        # no call in sight: they may wait in one the probe cannot see
-        words = names.add(f" are all stuck in {phase_name(first) or 'their phases'} for "
-                          f"{stall:.0f} s, none in a collective the probe can see")
+    if _unseen_cycle(view, component):   # start-up peers: the waits are graph.unseen_waits'
+        words = names.add(f" are all stuck in {phase_name(first)} for {stall:.0f} s, none "
+                          f"in a collective the probe can see")
+    else:
+        what = (f"{record.group} {record.op} seq {record.seq}" if record is not None
+                else phase_name(first) or "their phases")
+        words = names.add(f" wait on each other in {what} for {stall:.0f} s")
     words.waiting(victims)
     return Verdict(kind=VerdictKind.STUCK_IN_PHASE, culprit_ranks=members,
                    victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
@@ -121,6 +122,13 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
                    group=record.group if record else None, seq=record.seq if record else None,
                    detected_after_s=round(stall, 3),
                    evidence={"cycle": [str(node) for node in sorted(component, key=str)]})
+
+
+def _unseen_cycle(view: View, component: set[Node]) -> bool:
+    """Workers in a start-up phase, none in a call the probe sees."""
+    return DRIVER not in component and all(
+        node not in view.pending and phase_name(view.ranks[node]) in STARTUP_PHASES
+        for node in component)
 
 
 def _stalled_since(view: View, node: Node, victims: set[Node]) -> float:
