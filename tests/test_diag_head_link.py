@@ -4,7 +4,6 @@ and few threads, is closed with one line on its stderr, and a real agent
 still joins afterwards."""
 import os
 import pickle
-import select
 import shlex
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from diagnose.launch.nodes import HANDSHAKE_S, MAX_PENDING, NodeAgent, NodeError
+from peers import until_closed
 from test_generic import REPO, free_port, left_behind
 
 TOKEN = "diag-test-token-7a1"
@@ -77,27 +77,6 @@ def head(tmp_path_factory):
     assert head.proc.poll() is None, head.stderr()   # no attack ended it
     head.stop()
     assert not left_behind(head.run_dir)
-
-
-def until_closed(sock: socket.socket, drip: bytes = b"", every_s: float = 3.0,
-                 limit_s: float = 30) -> float:
-    """Seconds until the head closes the connection, sending the next byte of
-    `drip` every `every_s` meanwhile."""
-    started = next_byte_at = time.monotonic()
-    while time.monotonic() - started < limit_s:
-        if drip and time.monotonic() >= next_byte_at:
-            try:
-                sock.sendall(drip[:1])
-            except OSError:
-                return time.monotonic() - started
-            drip, next_byte_at = drip[1:], next_byte_at + every_s
-        if select.select([sock], [], [], 0.05)[0]:
-            try:
-                if not sock.recv(4096):
-                    return time.monotonic() - started
-            except ConnectionResetError:
-                return time.monotonic() - started
-    raise AssertionError(f"the head kept the connection open for {limit_s} s")
 
 
 def test_announcing_200_mb_three_times_costs_the_head_no_memory(head):

@@ -4,7 +4,6 @@ what the head's node link does with connections that are no node of the run."""
 import json
 import os
 import pickle
-import select
 import shlex
 import signal
 import socket
@@ -20,6 +19,7 @@ import psutil
 import pytest
 
 from engine.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
+from peers import until_closed
 
 PROMPTS = ["Hello, my name is", "1 2 3"]
 ENGINE = [sys.executable, "-m", "engine"]
@@ -310,25 +310,6 @@ class _Touch:
         return os.system, (f"touch {shlex.quote(self.path)}",)
 
 
-def _until_closed(sock: socket.socket, drip: bytes = b"", every_s: float = 2.0,
-                  limit_s: float = 30) -> float:
-    """Seconds until the head closes the connection, reading what it sends and sending
-    the next byte of `drip` every `every_s` meanwhile."""
-    started = time.monotonic()
-    next_byte_at = started
-    while time.monotonic() - started < limit_s:
-        if drip and time.monotonic() >= next_byte_at:
-            sock.sendall(drip[:1])
-            drip, next_byte_at = drip[1:], next_byte_at + every_s
-        if select.select([sock], [], [], 0.05)[0]:
-            try:
-                if not sock.recv(4096):
-                    return time.monotonic() - started
-            except ConnectionResetError:
-                return time.monotonic() - started
-    raise AssertionError(f"the head kept the connection open for {limit_s} s")
-
-
 def test_a_crafted_pickle_is_never_unpickled(waiting_head, marker):
     payload = pickle.dumps(("join", 1, _Touch(marker)))
     before = len(waiting_head.refusals())
@@ -336,7 +317,7 @@ def test_a_crafted_pickle_is_never_unpickled(waiting_head, marker):
                    struct.pack("!I", len(payload))):   # how it frames messages now
         with waiting_head.connect() as sock:
             sock.sendall(length + payload)
-            assert _until_closed(sock) < 2
+            assert until_closed(sock) < 2
     refusals = waiting_head.new_refusals(before, 2)
     assert len(refusals) == 2 and all(r.endswith(f": wrong {TOKEN_VAR}") for r in refusals)
     assert not os.path.exists(marker)
@@ -354,7 +335,7 @@ def test_an_http_request_is_dropped_and_memory_stays_bounded(waiting_head):
                 sock.sendall(request)
             except ConnectionResetError:
                 pass   # the head closed it already
-            assert _until_closed(sock) < 2
+            assert until_closed(sock) < 2
     refusals = waiting_head.new_refusals(before, 2)
     assert [r.split(": ", 1)[1] for r in refusals] == [
         f"a message of {int.from_bytes(b'GET ', 'big')} bytes, over the 256 allowed",
@@ -366,7 +347,7 @@ def test_an_http_request_is_dropped_and_memory_stays_bounded(waiting_head):
 def test_a_peer_sending_one_byte_every_2_s_is_dropped_at_the_handshake_deadline(waiting_head):
     before = len(waiting_head.refusals())
     with waiting_head.connect() as sock:
-        closed_after = _until_closed(sock, drip=struct.pack("!I", 32) + b"x" * 32, every_s=2.0)
+        closed_after = until_closed(sock, drip=struct.pack("!I", 32) + b"x" * 32, every_s=2.0)
     assert HANDSHAKE_TIMEOUT_S - 0.5 < closed_after < HANDSHAKE_TIMEOUT_S + 2
     assert waiting_head.new_refusals(before, 1)[0].endswith(
         f": no handshake within {HANDSHAKE_TIMEOUT_S:g} s")
