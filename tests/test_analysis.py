@@ -238,6 +238,24 @@ def test_a_clean_shutdown_is_no_verdict():
     assert analyze(job.snapshot()) == []
 
 
+def test_a_worker_killed_before_the_job_shut_itself_down_is_dead_though_it_exits_0():
+    """vLLM shuts down after losing a worker and its API server exits 0: the
+    driver saw the worker fail before the shutdown, so it is still the culprit."""
+    job = Job()
+    t = job.healthy(3, job.everyone_started())
+    job.died(1, t + 0.1, -9)
+    job.phase(job.driver, "shutdown", t + 0.3)
+    for rank in job.ranks:
+        if rank != 1:
+            job.ranks[rank].alive = False
+            job.ranks[rank].heartbeat_at = t + 0.5
+    job.command_exit = 0
+    job.now = t + 2.0
+    verdict = only(analyze(job.snapshot()), "dead")
+    assert verdict.culprit_ranks == [1]
+    assert verdict.evidence["signal"] == 9
+
+
 def test_ranks_leaving_while_the_driver_shuts_down_are_no_verdict():
     """Workers that exit (or linger in their exit path) once the driver began its
     shutdown went because they were told to."""

@@ -161,17 +161,20 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
     """Dead processes, each dated by its last heartbeat: the driver notices a
     worker's exit only when it next looks, and notes only the first it finds.
     The driver's own exit code is the wrapped command's. When the command
-    ended with 0, a process that is gone simply finished. A driver whose
+    ended with 0, a process that is gone simply finished, unless the driver
+    saw it fail (a job that shut itself down after losing a worker). A driver whose
     interpreter ended normally, or that had begun to shut the job down, is
     judged by the command's exit code, once known: until then it may have ended
     with 0 (before a shell around it, while the kernel tears its process down,
     or killed by its own parent as part of the shutdown, as vLLM's API server
     kills its engine core)."""
-    if snapshot.command_exit == 0:
-        return {}
     exits = {}
     if snapshot.driver is not None:
         exits = {exit.rank: exit for exit in snapshot.driver.worker_exits}
+    if snapshot.command_exit == 0:
+        return {rank: Death(rank, min(exit.at, snapshot.ranks[rank].heartbeat_at), exit.exitcode)
+                for rank, exit in exits.items()
+                if exit.exitcode not in (0, None) and rank in snapshot.ranks}
     stopping = driver_shutting_down(snapshot)
     deaths: dict[Node, Death] = {}
     for rank, state in snapshot.ranks.items():

@@ -204,11 +204,15 @@ def _patch_executor(executor) -> None:
 def _as_shutdown(shutdown):
     """vLLM's own shutdown is the driver's shutdown phase: the workers (and the
     engine core itself, killed by the API server) that end after it began
-    ended on purpose."""
+    ended on purpose. A worker already gone when it begins is why it began."""
     @functools.wraps(shutdown)
-    def phased(*args, **kwargs):
+    def phased(executor, *args, **kwargs):
+        if not getattr(executor, "shutting_down", False):
+            for handle in getattr(executor, "workers", None) or []:
+                if handle.proc.exitcode is not None:
+                    _note_exit(handle)
         with probe.phase(Phase.SHUTDOWN):
-            return shutdown(*args, **kwargs)
+            return shutdown(executor, *args, **kwargs)
     return phased
 
 
@@ -235,7 +239,20 @@ def _watch_workers(executor, handles: list) -> None:
             if executor() is None or getattr(executor(), "shutting_down", False):
                 return
             handle.proc.join(timeout=1.0)
-            probe.worker_exit(handle.rank, handle.proc.exitcode)
+            _note_exit(handle)
+
+
+_noted_exits: set[int] = set()
+_noted_lock = threading.Lock()
+
+
+def _note_exit(handle) -> None:
+    """Once per worker: vLLM's monitor may start the shutdown before ours wakes."""
+    with _noted_lock:
+        if handle.rank in _noted_exits:
+            return
+        _noted_exits.add(handle.rank)
+    probe.worker_exit(handle.rank, handle.proc.exitcode)
 
 
 def _driver_phase(method) -> tuple[Phase, int] | None:
