@@ -2,7 +2,7 @@
 and every non-zero exit is a false alarm, and the aim is none.
 
     PYTHONPATH=. python benchmarks/stress_healthy.py [--jobs 200] [--gpu]
-        [--load both|on|off] [--timeout 600] [--json FILE]
+        [--load both|on|off] [--only PREFIX] [--timeout 600] [--json FILE]
 
 The jobs cycle through these kinds:
 
@@ -81,7 +81,9 @@ def gpu_kinds() -> list[Kind]:
     import torch
     gpus = torch.cuda.device_count()
     layouts = [(tp, pp) for tp, pp in [(1, 1), (2, 1), (1, 2), (2, 2)] if tp * pp <= gpus]
-    bench = ["bench", "--model", "llama-3.2-1b", "--load-format", "dummy", "--dtype", "bfloat16"]
+    bench = ["bench", "--model", "llama-3.2-1b", "--load-format", "dummy", "--dtype", "bfloat16",
+             "--num-prompts", "32", "--input-len", "128", "--output-len", "256",
+             "--max-num-seqs", "64", "--max-model-len", "1024"]   # the shape the exit race showed in
     return [Kind(f"engine bench tp{tp}pp{pp}", engine(bench + ["-tp", str(tp), "-pp", str(pp)]))
             for tp, pp in layouts] + common_kinds()
 
@@ -200,10 +202,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gpu", action="store_true", help="the engine's GPU bench layouts")
     parser.add_argument("--load", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--only", metavar="PREFIX", help="only the kinds whose name starts so")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--json", help="default: benchmarks/results/stress_healthy_{cpu,gpu}.json")
     args = parser.parse_args()
-    kinds = gpu_kinds() if args.gpu else cpu_kinds()
+    kinds = [kind for kind in (gpu_kinds() if args.gpu else cpu_kinds())
+             if kind.name.startswith(args.only or "")]
+    if not kinds:
+        parser.error(f"no kind starts with {args.only!r}")
     loads = {"both": [False, True], "on": [True], "off": [False]}[args.load]
     started = time.time()
     results = run_all(kinds, args.jobs, loads, args.timeout)
