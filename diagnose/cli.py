@@ -22,6 +22,7 @@ A subcommand is a function that adds its parser to `commands` and sets
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -264,6 +265,9 @@ def add_demo(commands) -> None:
 def demo_command(args) -> int:
     from diagnose.launch.claim import RunDirError
     from diagnose.launch.demo import run_demo
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("diag demo runs the engine, which needs torch: "
+                         "pip install 'hangscope[engine]' (or ./setup.sh in a checkout)")
     try:
         return run_demo(args.run_dir, use_tui=not args.no_tui)
     except RunDirError as error:

@@ -29,7 +29,7 @@ def diag(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess:
     (["launch", "--run-dir", "RUN/not-a-dir/run", "--", "true"], "Not a directory"),
     (["launch", "--run-dir", "RUN/run", "--", "RUN/not-executable"], "Permission denied"),
     (["launch", "--on-hang", "panic", "--", "true"], "invalid choice"),
-    (["launch", "--", "/no/such/program"], "cannot run"),
+    (["launch", "--run-dir", "RUN/run", "--", "/no/such/program"], "cannot run"),  # not runs/ in the checkout
     (["dump", "/no/such/run"], "no such file or directory"),
     (["tui", "/no/such/run"], "/no/such/run"),
     (["demo", "--bogus"], "unrecognized arguments"),
