@@ -218,6 +218,7 @@ def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
                 on_means.append(means[True])
                 off_means.append(means[False])
                 differences.append((means[True] - means[False]) * 1e6)
+            marks_us = probe_marks_us(2000)
         finally:
             probe._probe = recorder
             os.environ.pop(probe.RUN_DIR_VAR, None)
@@ -226,9 +227,24 @@ def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
     return {"model_batch": 1, "rounds": plan.probe_rounds, "steps_per_arm": plan.steps_per_arm,
             "added_us_per_step": mean, "ci95_us": [mean - half_width, mean + half_width],
             "step_us_probe_off": step_us, "added_percent": 100 * mean / step_us,
-            "round_differences_us": differences,
+            "round_differences_us": differences, "marks_alone_us": marks_us,
             "note": "tp=1: a replay holds no collective, so the probe's per-step work is its phases; "
                     "the heartbeat thread runs in both arms"}
+
+
+def probe_marks_us(steps: int) -> float:
+    """The host time of one step's probe calls (a worker's and the runner's), no model."""
+    start = time.perf_counter()
+    for step in range(steps):
+        with probe.phase(Phase.DEQUEUE, step=step):
+            pass
+        probe.ring_read(step)
+        with probe.phase(Phase.EXECUTE_MODEL, step=step):
+            with probe.phase(Phase.FORWARD, step=step):
+                pass
+            with probe.phase(Phase.SAMPLE, step=step):
+                pass
+    return (time.perf_counter() - start) / steps * 1e6
 
 
 def mean_ci95(values: list[float]) -> tuple[float, float]:
@@ -335,7 +351,8 @@ def print_table(rows: list[dict], report: dict) -> None:
             print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
             p = value["probe"]
             print(f"probe: +{p['added_us_per_step']:.1f} us/step, 95% CI [{p['ci95_us'][0]:.1f}, "
-                  f"{p['ci95_us'][1]:.1f}], {p['added_percent']:.2f}% of a {p['step_us_probe_off']:.0f} us step")
+                  f"{p['ci95_us'][1]:.1f}], {p['added_percent']:.2f}% of a {p['step_us_probe_off']:.0f} us step; "
+                  f"the marks alone {p['marks_alone_us']:.1f} us")
     for name in report["errors"]:
         print(f"{name}: FAILED (see errors in the JSON)")
     for name in report["skipped"]:
