@@ -218,7 +218,7 @@ def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
                 on_means.append(means[True])
                 off_means.append(means[False])
                 differences.append((means[True] - means[False]) * 1e6)
-            marks_us = probe_marks_us(2000)
+            marks_us = probe_marks_us(200)
         finally:
             probe._probe = recorder
             os.environ.pop(probe.RUN_DIR_VAR, None)
@@ -233,7 +233,8 @@ def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
 
 
 def probe_marks_us(steps: int) -> float:
-    """The host time of one step's probe calls (a worker's and the runner's), no model."""
+    """The host time of one step's probe calls (a worker's and the runner's), no model.
+    Few steps: past MAX_STEP_WORK unfinished phases the probe records no more events."""
     start = time.perf_counter()
     for step in range(steps):
         with probe.phase(Phase.DEQUEUE, step=step):
