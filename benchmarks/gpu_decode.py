@@ -11,7 +11,10 @@
     ENGINE_FUSED_KERNELS=0 (the unfused path, as before the fusions);
 (d) in this process, a ModelRunner of the 8B config: the decode graph's GPU time fused
     and unfused, and the probe's cost per decode step: rounds alternate the probe on
-    and off over the same runner (a paired A/B), mean added us with a 95% interval.
+    and off over the same runner (a paired A/B), mean added us with a 95% interval;
+(e) the gate/up product with SiLU-and-mul as its epilogue (kernels/activation.py's
+    gate_up_silu, which the engine does not use) against cuBLAS then silu_and_mul: one
+    CUDA graph over every layer's weight per path, GPU time per layer.
 
 Each part runs inside the wall-clock budget (a part that would start past it is
 skipped), in try/except: its result or its error goes into the JSON, rewritten after
@@ -33,8 +36,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-
-from gpu_bench import ENGINE_FLAGS, copy_bandwidth_gb_s, decode_weight_bytes, free_gpu, gpu_ms, versions
+from gpu_bench import (
+    ENGINE_FLAGS,
+    copy_bandwidth_gb_s,
+    decode_weight_bytes,
+    free_gpu,
+    gpu_ms,
+    versions,
+)
 
 from diagnose import probe
 from diagnose.core.vocab import Phase, Role
@@ -256,6 +265,43 @@ def mean_ci95(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n)
 
 
+# -- (e) gate/up with its activation fused ----------------------------------------------
+
+def mlp_fusion(model: str, batches: list[int]) -> dict:
+    from kernels.activation import gate_up_silu, silu_and_mul
+
+    cfg = resolve_model(model, "dummy").model_config
+    weights = [torch.randn(2 * cfg.intermediate_size, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+               for _ in range(cfg.num_layers)]
+    report = {"layers": cfg.num_layers, "weight_bytes_per_layer": weights[0].numel() * 2}
+    for batch in batches:
+        x = torch.randn(batch, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+        paths = {"cublas_then_silu": lambda w, x=x: silu_and_mul(torch.nn.functional.linear(x, w))}
+        for block_n in (32, 64, 128):
+            paths[f"fused_block_n{block_n}"] = lambda w, x=x, n=block_n: gate_up_silu(x, w, block_n=n)
+        reference = paths["cublas_then_silu"](weights[0]).float()
+        row = {}
+        for name, fn in paths.items():
+            error = ((fn(weights[0]).float() - reference).abs().max() / reference.abs().max()).item()
+            row[name] = {"us_per_layer": graph_of(fn, weights) * 1e3 / len(weights), "max_rel_error": error}
+        report[batch] = row
+        print(f"  {model} batch {batch}: " + ", ".join(f"{k} {v['us_per_layer']:.1f} us"
+                                                       for k, v in row.items()), flush=True)
+    del weights
+    return report
+
+
+def graph_of(fn, weights) -> float:
+    """GPU ms of one CUDA graph that applies fn to each weight in turn."""
+    for w in weights[:2]:
+        fn(w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return gpu_ms(graph.replay, repeats=20)
+
+
 # -- the run -------------------------------------------------------------------------------
 
 class Run:
@@ -275,7 +321,7 @@ class Run:
         print(f"[{name}] ...", flush=True)
         try:
             self.report[name] = fn(*args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any part's failure is recorded and the run goes on
             self.report["errors"][name] = traceback.format_exc()
             print(f"[{name}] failed:\n{self.report['errors'][name]}", flush=True)
         free_gpu()
@@ -311,6 +357,8 @@ def main() -> None:
         parity_models.remove(model)
     run.report["skipped"] += [f"parity/{model}" for model in parity_models]
     run.part(f"in_process/{plan.runner_model}", in_process, plan.runner_model, plan, needs_s=60)
+    for model, batches in plan.itl:
+        run.part(f"mlp_fusion/{model}", mlp_fusion, model, batches, needs_s=30)
     run.report["summary"] = summary(run.report, plan)
     run.write()
     print_table(run.report["summary"], run.report)
@@ -343,11 +391,16 @@ def print_table(rows: list[dict], report: dict) -> None:
     print(f"{'model':<14}{'batch':>6}{'floor ms':>10}{'ITL p50':>10}{'x floor':>9}{'aim':>6}{'met':>6}{'tok/s':>9}")
     for r in rows:
         print(f"{r['model']:<14}{r['batch']:>6}{num(r['floor_ms'], '.3f'):>10}{num(r['itl_p50_ms'], '.3f'):>10}"
-              f"{num(r['x_floor'], '.2f'):>9}{num(r['aim'], '.2f'):>6}{str(r['met'] if r['met'] is not None else '-'):>6}"
+              f"{num(r['x_floor'], '.2f'):>9}{num(r['aim'], '.2f'):>6}{r['met'] if r['met'] is not None else '-'!s:>6}"
               f"{num(r['output_tokens_per_s'], '.0f'):>9}")
     for name, value in report.items():
         if name.startswith("parity/"):
             print(f"{name}: equal={value['equal']} first_difference={value['first_difference']}")
+        if name.startswith("mlp_fusion/"):
+            for batch, row in value.items():
+                if isinstance(row, dict):
+                    print(f"{name} batch {batch}: " + ", ".join(f"{k} {v['us_per_layer']:.1f} us"
+                                                               for k, v in row.items()))
         if name.startswith("in_process/"):
             print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
             p = value["probe"]

@@ -124,8 +124,8 @@ def rotary_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
 
 
 def _blocks(num_heads: int, num_kv_heads: int, head_dim: int) -> dict:
-    return dict(BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KV_H=triton.next_power_of_2(num_kv_heads),
-                BLOCK_HALF=triton.next_power_of_2(head_dim // 2))
+    return {"BLOCK_H": triton.next_power_of_2(num_heads), "BLOCK_KV_H": triton.next_power_of_2(num_kv_heads),
+            "BLOCK_HALF": triton.next_power_of_2(head_dim // 2)}
 
 
 def _check_inputs(q, k, positions, cos_sin_cache) -> None:

@@ -23,7 +23,7 @@ import pytest
 from engine import attention as ref_attention
 from engine import layers as ref_layers
 from engine.attention import AttentionMetadata
-from kernels.activation import silu_and_mul
+from kernels.activation import gate_up_silu, silu_and_mul
 from kernels.attention import paged_attention
 from kernels.kv_cache import write_kv
 from kernels.norm import embed, rms_norm
@@ -287,3 +287,16 @@ def test_silu_and_mul(dtype, width, gen):
     out = silu_and_mul(x)
     assert out.shape == (SIZES.tokens, width // 2) and out.dtype == dtype
     assert_close(out, ref_layers.silu_and_mul(x.cpu().float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, SIZES.tokens, 40])
+def test_gate_up_silu_matches_product_then_silu_and_mul(dtype, rows, gen):
+    """Row and column counts off the kernel's tiles (hidden 96 + 40 in the interpreter)."""
+    hidden, width = (SIZES.hidden, 14336 // 4) if DEVICE == "cuda" else (136, 72)
+    x = randn(rows, hidden, dtype=dtype, gen=gen)
+    weight = randn(2 * width, hidden, dtype=dtype, gen=gen) / hidden ** 0.5
+    out = gate_up_silu(x, weight)
+    ref = ref_layers.silu_and_mul(x.cpu().float() @ weight.cpu().float().T)
+    assert out.shape == (rows, width) and out.dtype == dtype
+    assert_close(out, ref, dtype)
