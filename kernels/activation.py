@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 COLUMN_TILE = 1024
+SHARED_MEMORY_FOR_STAGES = 160 * 1024  # of an H100/H200 SM's 227 KiB, the rest left to the epilogue
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -84,12 +85,14 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, block_n: int = 64, block
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     # The CPU interpreter cannot multiply bf16 (it holds it as raw uint16 bits).
     dot_dtype = tl.float32 if x.is_cpu else _DOT_DTYPES[x.dtype]
+    # One pipeline stage holds an x tile and the gate and up weight tiles.
+    stage_bytes = (block_m + 2 * block_n) * block_k * x.element_size()
     grid = (triton.cdiv(width, block_n), triton.cdiv(rows, block_m))
     _gate_up_silu_kernel[grid](
         x, weight, out, rows, width, hidden_size,
         x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
-        num_stages=4,
+        num_stages=max(1, min(4, SHARED_MEMORY_FOR_STAGES // stage_bytes)),
     )
     return out
