@@ -2,9 +2,9 @@
 
 A layer's cache is a pair k_cache, v_cache of [num_blocks, block_size,
 num_kv_heads, head_dim]; slot s is row s of the cache seen as
-[num_blocks * block_size, num_kv_heads, head_dim]. write_kv and paged_attention
-send CUDA tensors to their Triton kernels (kernels/, imported on first use) and
-compute CPU tensors with the torch reference here.
+[num_blocks * block_size, num_kv_heads, head_dim]. write_kv, rotary_write_kv and
+paged_attention send CUDA tensors to their Triton kernels (kernels/, imported on
+first use) and compute CPU tensors with the torch reference here.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from engine.layers import apply_rotary, fused
 
 
 @dataclass
@@ -32,6 +34,17 @@ def write_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mappin
         return
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def rotary_write_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cos_sin_cache: Tensor,
+                    k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> Tensor:
+    """Rotate q and k by their positions, store the rotated k and v in their slots; returns q."""
+    if fused(q):
+        from kernels.rotary import rotary_write_kv as rotary_write_kv_kernel
+        return rotary_write_kv_kernel(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    q, k = apply_rotary(q, k, positions, cos_sin_cache)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata,
@@ -65,7 +78,8 @@ def _causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 class Attention(nn.Module):
-    """One layer's attention: store this step's k, v in the layer's cache, attend over it."""
+    """One layer's attention: rotate q and k, store this step's k, v in the layer's cache,
+    attend over it."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         super().__init__()
@@ -74,9 +88,9 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim ** -0.5
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, kv_cache: tuple[Tensor, Tensor],
-                meta: AttentionMetadata) -> Tensor:
+    def forward(self, positions: Tensor, q: Tensor, k: Tensor, v: Tensor, cos_sin_cache: Tensor,
+                kv_cache: tuple[Tensor, Tensor], meta: AttentionMetadata) -> Tensor:
         """q [T, heads, d], k and v [T, kv_heads, d] -> [T, heads * d]."""
         k_cache, v_cache = kv_cache
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q = rotary_write_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
         return paged_attention(q, k_cache, v_cache, meta, self.scale).flatten(1)

@@ -1,7 +1,10 @@
 """The decoder's building blocks.
 
-Each op is one plain function (rms_norm, apply_rotary, silu_and_mul): CUDA tensors
-go to its Triton kernel in kernels/, CPU tensors to the torch reference here. The
+Each op is one plain function (rms_norm, embed, apply_rotary, silu_and_mul): CUDA tensors
+go to its Triton kernel in kernels/, CPU tensors to the torch reference here. Where two
+neighbouring ops have one fused kernel (the embedding and the first RMSNorm; rotary and
+the KV-cache write), the fused op's torch path is the two unfused ops, and
+ENGINE_FUSED_KERNELS=0 sends CUDA tensors that way too, to compare the two. The
 kernels are imported on first use, so Triton is only loaded where a GPU runs
 (and the kernel tests can set TRITON_INTERPRET before it is). Modules hold
 the weights of one TP rank and say, as `Shard`s, which slice of which
@@ -10,6 +13,7 @@ checkpoint tensor each of their parameters holds.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.communicator import Communicator
+
+FUSED_KERNELS = os.environ.get("ENGINE_FUSED_KERNELS", "1") != "0"
+
+
+def fused(x: torch.Tensor) -> bool:
+    """Whether x's op takes its fused kernel."""
+    return x.is_cuda and FUSED_KERNELS
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -31,6 +42,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x32 = x.float()
     out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
     return out if residual is None else (out, residual)
+
+
+def embed(ids: torch.Tensor, table: torch.Tensor, vocab_start: int, norm_weight: torch.Tensor | None,
+          eps: float):
+    """table[ids - vocab_start] with zeros for ids outside the table; with a norm weight,
+    (rms_norm(rows), rows)."""
+    if fused(table):
+        from kernels.norm import embed as embed_kernel
+        return embed_kernel(ids, table, vocab_start, norm_weight, eps)
+    local_ids = ids - vocab_start
+    mine = (local_ids >= 0) & (local_ids < table.shape[0])
+    rows = F.embedding(torch.where(mine, local_ids, 0), table).masked_fill_(~mine.unsqueeze(-1), 0)
+    return rows if norm_weight is None else (rms_norm(rows, norm_weight, eps), rows)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -120,15 +144,12 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """One per model: every layer rotates with the same cos/sin cache."""
+    """One per model: every layer's attention rotates with the same cos/sin cache."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None, device):
         super().__init__()
         cache = rope_cos_sin_cache(head_dim, max_positions, theta, scaling).to(device)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
-
-    def forward(self, positions, q, k):
-        return apply_rotary(q, k, positions, self.cos_sin_cache)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -215,11 +236,13 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = comm.tp_rank * self.rows_per_rank
         self.weight = _param(self.rows_per_rank, hidden_size, dtype=dtype, device=device)
 
-    def forward(self, input_ids):
-        local_ids = input_ids - self.vocab_start
-        mine = (local_ids >= 0) & (local_ids < self.rows_per_rank)
-        out = F.embedding(torch.where(mine, local_ids, 0), self.weight)
-        return self.comm.all_reduce(out.masked_fill_(~mine.unsqueeze(-1), 0))
+    def forward(self, input_ids, norm: RMSNorm | None = None):
+        """The embeddings; with `norm` (the first layer's), (norm(embeddings), embeddings),
+        one kernel on one rank."""
+        if self.comm.tp_size == 1 and norm is not None:
+            return embed(input_ids, self.weight, 0, norm.weight, norm.eps)
+        out = self.comm.all_reduce(embed(input_ids, self.weight, self.vocab_start, None, 0.0))
+        return out if norm is None else (norm(out), out)
 
     def shards(self, name: str) -> list[Shard]:
         real_rows = max(0, min(self.rows_per_rank, self.vocab_size - self.vocab_start))

@@ -44,8 +44,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary.cos_sin_cache, kv_cache, meta))
 
     def shards(self, prefix: str) -> list[Shard]:
         return (self.qkv_proj.shards([f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"])
@@ -77,10 +76,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, comm, dtype, device)
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        """hidden: input_layernorm's output, which the model computes (so that the first
+        layer's can be fused with the embedding). Returns the MLP's output and the residual."""
         hidden = self.self_attn(positions, hidden, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
@@ -118,9 +115,11 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata, kv_caches: list[KVCache]):
         """The first stage reads input_ids, the others the previous stage's (hidden, residual).
         Returns (hidden, residual) for the next stage, or (final-normed hidden, None) on the last."""
-        if self.embed_tokens is not None:
-            hidden, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if i == 0 and self.embed_tokens is not None:
+                hidden, residual = self.embed_tokens(input_ids, layer.input_layernorm)
+            else:
+                hidden, residual = layer.input_layernorm(hidden, residual)
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         if self.norm is not None:
             hidden, residual = self.norm(hidden, residual)[0], None

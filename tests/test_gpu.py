@@ -41,7 +41,8 @@ def test_each_op_dispatches_to_its_kernel_on_cuda(monkeypatch):
     calls = []
     for module_name, name in [("kernels.norm", "rms_norm"), ("kernels.activation", "silu_and_mul"),
                               ("kernels.rotary", "apply_rotary"), ("kernels.kv_cache", "write_kv"),
-                              ("kernels.attention", "paged_attention")]:
+                              ("kernels.attention", "paged_attention"), ("kernels.norm", "embed"),
+                              ("kernels.rotary", "rotary_write_kv")]:
         module = importlib.import_module(module_name)
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
@@ -77,7 +78,20 @@ def test_each_op_dispatches_to_its_kernel_on_cuda(monkeypatch):
         attention.write_kv(k.to(device), k.to(device), k_cache, v_cache, device_meta.slot_mapping)
         outputs.append(attention.paged_attention(q.to(device), k_cache, v_cache, device_meta, 32 ** -0.5))
     assert relative_error(*outputs) < 1e-5
-    assert sorted(calls) == sorted(["rms_norm", "silu_and_mul", "apply_rotary", "write_kv", "paged_attention"])
+
+    ids = torch.tensor([0, 5, 99, 3])
+    (out, rows), (ref, ref_rows) = (layers.embed(t(ids), t(x[:, :32]), 2, t(weight[:32]), 1e-5)
+                                    for t in (torch.Tensor.cuda, torch.Tensor.cpu))
+    assert relative_error(out, ref) < 1e-5 and torch.equal(rows.cpu(), ref_rows)
+    outputs = []
+    for device in ("cuda", "cpu"):
+        k_cache, v_cache = (c.clone().to(device) for c in caches)
+        q_out = attention.rotary_write_kv(q.to(device), k.to(device), k.to(device), positions.to(device),
+                                          cache.to(device), k_cache, v_cache, meta.slot_mapping.to(device))
+        outputs.append(torch.cat([q_out.flatten(), k_cache.flatten(), v_cache.flatten()]))
+    assert relative_error(*outputs) < 1e-5
+    assert sorted(calls) == sorted(["rms_norm", "silu_and_mul", "apply_rotary", "write_kv", "paged_attention",
+                                    "embed", "rotary_write_kv"])
 
 
 # -- the model --------------------------------------------------------------------------
@@ -89,48 +103,69 @@ def two_layer_config(hidden: int, head_dim: int) -> ModelConfig:
                        head_dim=head_dim, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE)
 
 
+STEPS = [[(0, 19), (0, 27)], [(19, 8)], [(27, 1), (27, 1)], [(28, 1), (28, 1)], [(29, 1), (29, 1)]]
+
+
+def gpu_model(hidden: int, head_dim: int, dtype: torch.dtype) -> LlamaForCausalLM:
+    cfg = two_layer_config(hidden, head_dim)
+    model = LlamaForCausalLM(cfg, Communicator(Layout(1, 1), 0), dtype, "cuda")
+    load_weights(model, ModelSource("dummy", None, cfg), seed=1)
+    return model
+
+
+def step_logits(model: LlamaForCausalLM, device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """A prefill in two chunks (the second starting mid-block) and three decode steps of two
+    requests over scattered blocks: the logits of every step."""
+    cfg = model.config
+    block_size, blocks = 16, [[5, 2, 7], [1, 6, 3]]
+    prompts = torch.randint(0, cfg.vocab_size, (2, 27), generator=torch.Generator().manual_seed(2)).tolist()
+    tokens = [p + [11, 12, 13] for p in prompts]
+    shape = model.kv_cache_shape(8, block_size)
+    kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                 for _ in model.layers]
+    logits = []
+    for step in STEPS:  # (tokens computed so far, tokens this step) per request
+        ids, positions, slots, qsl, seq_lens = [], [], [], [0], []
+        for b, (start, n) in enumerate(step):
+            ids += tokens[b][start:start + n]
+            positions += range(start, start + n)
+            slots += [blocks[b][p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+        meta = attention.AttentionMetadata(
+            torch.tensor(slots, device=device), torch.tensor(qsl, dtype=torch.int32, device=device),
+            torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            torch.tensor(blocks[:len(step)], dtype=torch.int32, device=device),
+            max(n for _, n in step), max(seq_lens))
+        with torch.inference_mode():
+            hidden, _ = model(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
+                              None, None, meta, kv_caches)
+            logits.append(model.compute_logits(hidden))
+    return logits
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
 def test_model_on_cuda_matches_cpu_reference(dtype, hidden, head_dim):
-    """A prefill in two chunks (the second starting mid-block) and three decode steps of two
-    requests over scattered blocks: the logits of every step, kernels against torch."""
-    cfg = two_layer_config(hidden, head_dim)
-    comm = Communicator(Layout(1, 1), 0)
-    gpu_model = LlamaForCausalLM(cfg, comm, dtype, "cuda")
-    load_weights(gpu_model, ModelSource("dummy", None, cfg), seed=1)
-    cpu_model = LlamaForCausalLM(cfg, comm, torch.float32, "cpu")
-    cpu_model.load_state_dict({name: t.float().cpu() for name, t in gpu_model.state_dict().items()})
-
-    block_size, blocks = 16, [[5, 2, 7], [1, 6, 3]]
-    prompts = torch.randint(0, cfg.vocab_size, (2, 27), generator=torch.Generator().manual_seed(2)).tolist()
-    # (tokens computed so far, tokens this step) per request, then one decode token each.
-    steps = [[(0, 19), (0, 27)], [(19, 8)], [(27, 1), (27, 1)], [(28, 1), (28, 1)], [(29, 1), (29, 1)]]
-    tokens = [p + [11, 12, 13] for p in prompts]
-    results = {}
-    for name, model, device, model_dtype in [("gpu", gpu_model, "cuda", dtype), ("cpu", cpu_model, "cpu", torch.float32)]:
-        shape = model.kv_cache_shape(8, block_size)
-        kv_caches = [(torch.zeros(shape, dtype=model_dtype, device=device),
-                      torch.zeros(shape, dtype=model_dtype, device=device)) for _ in model.layers]
-        results[name] = []
-        for step in steps:
-            ids, positions, slots, qsl, seq_lens = [], [], [], [0], []
-            for b, (start, n) in enumerate(step):
-                ids += tokens[b][start:start + n]
-                positions += range(start, start + n)
-                slots += [blocks[b][p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-                qsl.append(qsl[-1] + n)
-                seq_lens.append(start + n)
-            meta = attention.AttentionMetadata(
-                torch.tensor(slots, device=device), torch.tensor(qsl, dtype=torch.int32, device=device),
-                torch.tensor(seq_lens, dtype=torch.int32, device=device),
-                torch.tensor(blocks[:len(step)], dtype=torch.int32, device=device),
-                max(n for _, n in step), max(seq_lens))
-            with torch.inference_mode():
-                hidden, _ = model(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                                  None, None, meta, kv_caches)
-                results[name].append(model.compute_logits(hidden))
-    for out, ref in zip(results["gpu"], results["cpu"]):
+    """The logits of every step, kernels against torch."""
+    model = gpu_model(hidden, head_dim, dtype)
+    cpu_model = LlamaForCausalLM(model.config, Communicator(Layout(1, 1), 0), torch.float32, "cpu")
+    cpu_model.load_state_dict({name: t.float().cpu() for name, t in model.state_dict().items()})
+    for out, ref in zip(step_logits(model, "cuda", dtype), step_logits(cpu_model, "cpu", torch.float32)):
         assert relative_error(out, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
+def test_fused_kernels_give_the_unfused_logits(dtype, hidden, head_dim, monkeypatch):
+    """The embedding fused with the first norm and rotary fused with the KV write compute
+    what the unfused kernels compute, bit for bit, in prefill chunks and decodes."""
+    model = gpu_model(hidden, head_dim, dtype)
+    fused = step_logits(model, "cuda", dtype)
+    monkeypatch.setattr(layers, "FUSED_KERNELS", False)
+    unfused = step_logits(model, "cuda", dtype)
+    for out, ref in zip(fused, unfused):
+        assert torch.equal(out, ref)
 
 
 # -- CUDA graphs ------------------------------------------------------------------------

@@ -23,11 +23,11 @@ import pytest
 from engine import attention as ref_attention
 from engine import layers as ref_layers
 from engine.attention import AttentionMetadata
-from kernels.activation import silu_and_mul
+from kernels.activation import gate_up_silu, silu_and_mul
 from kernels.attention import paged_attention
 from kernels.kv_cache import write_kv
-from kernels.norm import rms_norm
-from kernels.rotary import apply_rotary
+from kernels.norm import embed, rms_norm
+from kernels.rotary import apply_rotary, rotary_write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -230,6 +230,56 @@ def test_apply_rotary_on_qkv_views(dtype, head_dim, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, block_size", [(64, 16), (80, 8)])
+def test_rotary_write_kv_matches_rotary_then_write_kv(dtype, head_dim, block_size, gen):
+    """The fused kernel against the unfused torch path (apply_rotary, then write_kv), on
+    q, k, v as strided views of one qkv projection; slots scattered over the cache."""
+    num_heads, num_kv_heads, max_positions = 4, 2, 4096
+    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    qkv = randn(SIZES.tokens, sum(sizes), dtype=dtype, gen=gen)
+    q, k, v = qkv.split(sizes, dim=-1)
+    q, k, v = q.view(-1, num_heads, head_dim), k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
+    positions = torch.randint(0, max_positions, (SIZES.tokens,), generator=gen)
+    cos_sin_cache = ref_layers.rope_cos_sin_cache(head_dim, max_positions, 500000.0, None)
+    num_blocks = -(-SIZES.tokens // block_size) + 2
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:SIZES.tokens]
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [torch.zeros(cache_shape, dtype=dtype, device=DEVICE) for _ in range(2)]
+    ref_caches = [torch.zeros(cache_shape) for _ in range(2)]
+    q_out = rotary_write_kv(q, k, v, positions.to(DEVICE), cos_sin_cache.to(DEVICE), *caches, slots.to(DEVICE))
+    q_ref = ref_attention.rotary_write_kv(q.cpu().float(), k.cpu().float(), v.cpu().float(), positions,
+                                          cos_sin_cache, *ref_caches, slots)
+    assert q_out.dtype == dtype and q_out.shape == q.shape
+    assert_close(q_out, q_ref, dtype)
+    assert_close(caches[0], ref_caches[0], dtype)
+    assert torch.equal(caches[1].cpu(), ref_caches[1].to(dtype))  # v is copied, not computed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab_start", [0, 7])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_embed_with_and_without_the_first_norm(dtype, vocab_start, with_norm, gen):
+    """Ids inside and outside a TP rank's slice [vocab_start, vocab_start + rows) of the
+    vocabulary; the fused norm against the unfused gather, then rms_norm."""
+    rows, hidden = 50, SIZES.hidden
+    table = randn(rows, hidden, dtype=dtype, gen=gen)
+    weight = randn(hidden, dtype=dtype, gen=gen) if with_norm else None
+    ids = torch.randint(0, vocab_start + rows + 5, (SIZES.tokens,), generator=gen)
+    ids[0], ids[-1] = vocab_start, vocab_start + rows  # the first row of the slice; one past its end
+    out = embed(ids.to(DEVICE), table, vocab_start, weight, 1e-5)
+    ref = ref_layers.embed(ids, table.cpu().float(), vocab_start,
+                           weight.cpu().float() if with_norm else None, 1e-5)
+    if with_norm:
+        (out, embedded), (ref, ref_embedded) = out, ref
+        assert out.dtype == dtype
+        assert_close(out, ref, dtype)
+    else:
+        embedded, ref_embedded = out, ref
+    assert torch.equal(embedded.cpu(), ref_embedded.to(dtype))
+    assert not embedded[-1].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [2 * SIZES.hidden, 2 * 1500])
 def test_silu_and_mul(dtype, width, gen):
     """The second width is not a multiple of the kernel's column tile."""
@@ -237,3 +287,16 @@ def test_silu_and_mul(dtype, width, gen):
     out = silu_and_mul(x)
     assert out.shape == (SIZES.tokens, width // 2) and out.dtype == dtype
     assert_close(out, ref_layers.silu_and_mul(x.cpu().float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, SIZES.tokens, 40])
+def test_gate_up_silu_matches_product_then_silu_and_mul(dtype, rows, gen):
+    """Row and column counts off the kernel's tiles (hidden 96 + 40 in the interpreter)."""
+    hidden, width = (SIZES.hidden, 14336 // 4) if DEVICE == "cuda" else (136, 72)
+    x = randn(rows, hidden, dtype=dtype, gen=gen)
+    weight = randn(2 * width, hidden, dtype=dtype, gen=gen) / hidden ** 0.5
+    out = gate_up_silu(x, weight)
+    ref = ref_layers.silu_and_mul(x.cpu().float() @ weight.cpu().float().T)
+    assert out.shape == (rows, width) and out.dtype == dtype
+    assert_close(out, ref, dtype)

@@ -1,0 +1,420 @@
+"""Decode on one GPU against the HBM floor measured in the same run, in one call.
+
+    PYTHONPATH=. python benchmarks/gpu_decode.py [--json FILE] [--budget-s 460] [--quick]
+
+(a) copy bandwidth and each model's decode floor (gpu_bench.py's: the bytes a decode
+    step must read / a device-to-device copy's bandwidth);
+(b) through the engine (dummy bf16 weights, 128 prompt tokens, all requests at once,
+    as `python -m engine bench --load-format dummy --dtype bfloat16 --input-len 128`):
+    ITL p50 at each batch size, its ratio to the floor and to the issue's aim;
+(c) greedy parity: the same prompts' tokens with the fused kernels and with
+    ENGINE_FUSED_KERNELS=0 (the unfused path, as before the fusions);
+(d) in this process, a ModelRunner of the 8B config: the decode graph's GPU time fused
+    and unfused, and the probe's cost per decode step: rounds alternate the probe on
+    and off over the same runner (a paired A/B), mean added us with a 95% interval;
+(e) the gate/up product with SiLU-and-mul as its epilogue (kernels/activation.py's
+    gate_up_silu, which the engine does not use) against cuBLAS then silu_and_mul: one
+    CUDA graph over every layer's weight per path, GPU time per layer.
+
+Each part runs inside the wall-clock budget (a part that would start past it is
+skipped), in try/except: its result or its error goes into the JSON, rewritten after
+every part. --quick runs the 1B config only, with fewer tokens and rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from gpu_bench import (
+    ENGINE_FLAGS,
+    copy_bandwidth_gb_s,
+    decode_weight_bytes,
+    free_gpu,
+    gpu_ms,
+    versions,
+)
+
+from diagnose import probe
+from diagnose.core.vocab import Phase, Role
+from engine import layers
+from engine.bench import measure, random_prompts
+from engine.communicator import Communicator, Layout
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import resolve_model
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+
+MODEL_8B, MODEL_1B = "llama-3.1-8b", "llama-3.2-1b"
+AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1B, 1): 2.0}
+INPUT_LEN = 128
+PARITY_PROMPTS, PARITY_TOKENS = 8, 32
+FUSED_VAR = "ENGINE_FUSED_KERNELS"
+
+
+
+
+@dataclass
+class Plan:
+    itl: list[tuple[str, list[int]]]   # (model, batch sizes), in the order they run
+    output_len: int                    # generated tokens per request in the ITL runs
+    runner_model: str                  # the in-process runner of part (d)
+    probe_rounds: int
+    steps_per_arm: int                 # decode steps per round with the probe on, and off
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        if quick:
+            return cls([(MODEL_1B, [1, 32])], 16, MODEL_1B, 6, 8)
+        return cls([(MODEL_8B, [1, 32, 128]), (MODEL_1B, [1, 32, 128])], 64, MODEL_8B, 60, 16)
+
+
+# -- (b) ITL through the engine, (c) greedy parity ----------------------------------------
+
+@contextmanager
+def fused_kernels(on: bool):
+    """The engine's workers read ENGINE_FUSED_KERNELS when they start; this process's
+    engine.layers reads its flag at every op."""
+    saved_env, saved_flag = os.environ.get(FUSED_VAR), layers.FUSED_KERNELS
+    os.environ[FUSED_VAR], layers.FUSED_KERNELS = ("1" if on else "0"), on
+    try:
+        yield
+    finally:
+        layers.FUSED_KERNELS = saved_flag
+        if saved_env is None:
+            os.environ.pop(FUSED_VAR, None)
+        else:
+            os.environ[FUSED_VAR] = saved_env
+
+
+def engine_config(model: str) -> EngineConfig:
+    return EngineConfig(model=model, load_format="dummy", dtype="bfloat16", **ENGINE_FLAGS)
+
+
+def greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=PARITY_TOKENS, ignore_eos=True)
+    tokens = {engine.add_request(p, params): [] for p in prompts}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            tokens[output.req_id] += output.new_token_ids
+    return list(tokens.values())
+
+
+def parity_prompts(vocab_size: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist()
+            for n in (3, 17, 64, 100, 128, 5, 31, 250)[:PARITY_PROMPTS]]
+
+
+def engine_itl(model: str, batches: list[int], output_len: int) -> dict:
+    """One engine (fused kernels): a warm-up, one run per batch size, then the parity
+    prompts' greedy tokens."""
+    with fused_kernels(True):
+        engine = LLMEngine(engine_config(model))
+    try:
+        vocab = engine.model_config.vocab_size
+        measure(engine, random_prompts(4, INPUT_LEN, vocab, seed=99), 4, "warmup")
+        runs = {}
+        for batch in batches:
+            result = measure(engine, random_prompts(batch, INPUT_LEN, vocab, seed=batch), output_len, str(batch))
+            itl = dataclasses.asdict(result.itl_ms) if result.itl_ms else None
+            runs[batch] = {"itl_ms": itl, "output_tokens_per_s": result.output_tokens_per_s}
+            print(f"  {model} batch {batch}: ITL {itl} ms, {result.output_tokens_per_s:.0f} tok/s", flush=True)
+        return {"runs": runs, "fused_tokens": greedy_tokens(engine, parity_prompts(vocab))}
+    finally:
+        engine.shutdown()
+
+
+def parity(model: str, fused_tokens: list[list[int]]) -> dict:
+    with fused_kernels(False):
+        engine = LLMEngine(engine_config(model))
+    try:
+        unfused = greedy_tokens(engine, parity_prompts(engine.model_config.vocab_size))
+    finally:
+        engine.shutdown()
+    first_difference = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+                        for x, y in zip(fused_tokens, unfused)]
+    return {"equal": fused_tokens == unfused, "prompts": len(unfused), "tokens": PARITY_TOKENS,
+            "first_difference": first_difference}
+
+
+# -- (d) in process: fused against unfused graphs, the probe's cost ----------------------
+
+class DecodeLoop:
+    """Requests of a fixed context decoding one token per step through a ModelRunner."""
+
+    def __init__(self, runner: ModelRunner, batch: int, max_steps: int):
+        self.runner = runner
+        blocks_per_seq = math.ceil((INPUT_LEN + max_steps + 1) / runner.block_size)
+        self.block_ids = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
+        self.tokens = torch.randint(0, 1000, (batch, INPUT_LEN)).tolist()
+        self.step_id = 0
+        self._step(prefill=True)
+
+    def _step(self, prefill: bool = False):
+        requests = [ScheduledRequest(f"r{b}", seq if prefill else seq[-1:], 0 if prefill else len(seq) - 1,
+                                     self.block_ids[b], True, 0.0, 0, 1.0, None, self.step_id)
+                    for b, seq in enumerate(self.tokens)]
+        out = self.runner.execute_model(SchedulerOutput(self.step_id, requests))
+        for seq, token in zip(self.tokens, out.sampled_token_ids):
+            seq.append(token)
+        self.step_id += 1
+
+    def timed_step(self) -> float:
+        """One decode step with the probe calls a worker makes around it; seconds."""
+        start = time.perf_counter()
+        with probe.phase(Phase.DEQUEUE, step=self.step_id):
+            pass
+        probe.ring_read(self.step_id)
+        with probe.phase(Phase.EXECUTE_MODEL, step=self.step_id):
+            self._step()
+        return time.perf_counter() - start
+
+
+def graph_ms(runner: ModelRunner, batches: list[int]) -> dict:
+    runner.warmup()
+    return {batch: gpu_ms(runner.decode_graphs.graphs[batch][0].replay) for batch in batches}
+
+
+def in_process(model: str, plan: Plan) -> dict:
+    """The decode graphs' GPU time fused and unfused (batch 1, 32, 128), then the probe A/B
+    at batch 1: each round runs steps_per_arm steps with the probe on and as many off, in
+    alternating order; the round's figure is mean(on) - mean(off)."""
+    steps = plan.probe_rounds * 2 * plan.steps_per_arm + 8
+    config = EngineConfig(model=model, max_num_seqs=128, max_model_len=INPUT_LEN + steps + 16, seed=0)
+    runner = ModelRunner(resolve_model(model, "dummy"), Communicator(Layout(1, 1), 0), torch.bfloat16,
+                         torch.device("cuda", 0), config)
+    runner.init_kv_cache(math.ceil((INPUT_LEN + steps + 1) / config.block_size) + 1)
+    report = {}
+    with fused_kernels(False):
+        report["graph_ms_unfused"] = graph_ms(runner, [1, 32, 128])
+    with fused_kernels(True):
+        report["graph_ms_fused"] = graph_ms(runner, [1, 32, 128])
+        print(f"  graph replay ms, unfused {report['graph_ms_unfused']}, fused {report['graph_ms_fused']}",
+              flush=True)
+        report["probe"] = probe_ab(DecodeLoop(runner, 1, steps), plan)
+    del runner
+    return report
+
+
+def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as run_dir:
+        os.environ[probe.RUN_DIR_VAR] = run_dir
+        probe.init(Role.WORKER, rank=0, world_size=1, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                   device="cuda:0")
+        recorder = probe._probe
+        try:
+            for _ in range(8):
+                loop.timed_step()
+            differences, on_means, off_means = [], [], []
+            for round_ in range(plan.probe_rounds):
+                means = {}
+                for on in ((True, False) if round_ % 2 else (False, True)):
+                    probe._probe = recorder if on else None
+                    means[on] = statistics.fmean(loop.timed_step() for _ in range(plan.steps_per_arm))
+                on_means.append(means[True])
+                off_means.append(means[False])
+                differences.append((means[True] - means[False]) * 1e6)
+            marks_us = probe_marks_us(200)
+        finally:
+            probe._probe = recorder
+            os.environ.pop(probe.RUN_DIR_VAR, None)
+    mean, half_width = mean_ci95(differences)
+    step_us = statistics.median(off_means) * 1e6
+    return {"model_batch": 1, "rounds": plan.probe_rounds, "steps_per_arm": plan.steps_per_arm,
+            "added_us_per_step": mean, "ci95_us": [mean - half_width, mean + half_width],
+            "step_us_probe_off": step_us, "added_percent": 100 * mean / step_us,
+            "round_differences_us": differences, "marks_alone_us": marks_us,
+            "note": "tp=1: a replay holds no collective, so the probe's per-step work is its phases; "
+                    "the heartbeat thread runs in both arms"}
+
+
+def probe_marks_us(steps: int) -> float:
+    """The host time of one step's probe calls (a worker's and the runner's), no model.
+    Few steps: past MAX_STEP_WORK unfinished phases the probe records no more events."""
+    start = time.perf_counter()
+    for step in range(steps):
+        with probe.phase(Phase.DEQUEUE, step=step):
+            pass
+        probe.ring_read(step)
+        with probe.phase(Phase.EXECUTE_MODEL, step=step):
+            with probe.phase(Phase.FORWARD, step=step):
+                pass
+            with probe.phase(Phase.SAMPLE, step=step):
+                pass
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% t-interval (Cornish-Fisher t quantile)."""
+    n = len(values)
+    z, df = 1.959964, n - 1
+    t = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n)
+
+
+# -- (e) gate/up with its activation fused ----------------------------------------------
+
+def mlp_fusion(model: str, batches: list[int]) -> dict:
+    from kernels.activation import gate_up_silu, silu_and_mul
+
+    cfg = resolve_model(model, "dummy").model_config
+    weights = [torch.randn(2 * cfg.intermediate_size, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+               for _ in range(cfg.num_layers)]
+    report = {"layers": cfg.num_layers, "weight_bytes_per_layer": weights[0].numel() * 2}
+    for batch in batches:
+        x = torch.randn(batch, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+        paths = {"cublas_then_silu": lambda w, x=x: silu_and_mul(torch.nn.functional.linear(x, w))}
+        for block_n in (32, 64, 128):
+            paths[f"fused_block_n{block_n}"] = lambda w, x=x, n=block_n: gate_up_silu(x, w, block_n=n)
+        reference = paths["cublas_then_silu"](weights[0]).float()
+        row = {}
+        for name, fn in paths.items():
+            try:
+                error = ((fn(weights[0]).float() - reference).abs().max() / reference.abs().max()).item()
+                row[name] = {"us_per_layer": graph_of(fn, weights) * 1e3 / len(weights), "max_rel_error": error}
+            except Exception as e:  # noqa: BLE001 - one tile size that does not fit must not end the part
+                row[name] = {"us_per_layer": None, "error": repr(e)}
+        report[batch] = row
+        print(f"  {model} batch {batch}: {row}", flush=True)
+    del weights
+    return report
+
+
+def graph_of(fn, weights) -> float:
+    """GPU ms of one CUDA graph that applies fn to each weight in turn."""
+    for w in weights[:2]:
+        fn(w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return gpu_ms(graph.replay, repeats=20)
+
+
+# -- the run -------------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, path: str, budget_s: float):
+        self.path = path
+        self.deadline = time.monotonic() + budget_s
+        self.report: dict = {"seconds": {}, "errors": {}, "skipped": []}
+
+    def part(self, name: str, fn, *args, needs_s: float = 30):
+        """fn's result under report[name], or its error; skipped if under needs_s are left."""
+        left = self.deadline - time.monotonic()
+        if left < needs_s:
+            self.report["skipped"].append(name)
+            print(f"[{name}] skipped: {left:.0f} s of the budget left, needs {needs_s:.0f}", flush=True)
+            return None
+        start = time.perf_counter()
+        print(f"[{name}] ...", flush=True)
+        try:
+            self.report[name] = fn(*args)
+        except Exception:  # noqa: BLE001 - any part's failure is recorded and the run goes on
+            self.report["errors"][name] = traceback.format_exc()
+            print(f"[{name}] failed:\n{self.report['errors'][name]}", flush=True)
+        free_gpu()
+        self.report["seconds"][name] = round(time.perf_counter() - start, 1)
+        print(f"[{name}] {self.report['seconds'][name]} s", flush=True)
+        self.write()
+        return self.report.get(name)
+
+    def write(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(self.report, f, indent=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="output file (default: $OUT/gpu_decode.json, else ./gpu_decode.json)")
+    parser.add_argument("--budget-s", type=float, default=460, help="wall-clock budget for the parts")
+    parser.add_argument("--quick", action="store_true", help="1B only, fewer tokens and rounds: a check")
+    args = parser.parse_args()
+    path = args.json or os.path.join(os.environ.get("OUT", "."), "gpu_decode.json")
+    plan = Plan.of(args.quick)
+    run = Run(path, args.budget_s)
+    run.part("versions", versions, needs_s=0)
+    run.part("copy_bandwidth_gb_s", copy_bandwidth_gb_s, needs_s=10)
+    fused_tokens = {}
+    for model, batches in plan.itl:
+        result = run.part(f"itl/{model}", engine_itl, model, batches, plan.output_len, needs_s=60)
+        if result:
+            fused_tokens[model] = result.pop("fused_tokens")
+    parity_models = [model for model, _ in plan.itl]
+    for model in sorted(fused_tokens, key=lambda m: m != MODEL_1B):
+        run.part(f"parity/{model}", parity, model, fused_tokens[model], needs_s=60)
+        parity_models.remove(model)
+    run.report["skipped"] += [f"parity/{model}" for model in parity_models]
+    run.part(f"in_process/{plan.runner_model}", in_process, plan.runner_model, plan, needs_s=60)
+    for model, batches in plan.itl:
+        run.part(f"mlp_fusion/{model}", mlp_fusion, model, batches, needs_s=30)
+    run.report["summary"] = summary(run.report, plan)
+    run.write()
+    print_table(run.report["summary"], run.report)
+    print(f"wrote {path}", flush=True)
+
+
+def summary(report: dict, plan: Plan) -> list[dict]:
+    bandwidth = report.get("copy_bandwidth_gb_s")
+    rows = []
+    for model, batches in plan.itl:
+        floor_ms = decode_weight_bytes(resolve_model(model, "dummy").model_config) / (bandwidth * 1e9) * 1e3 \
+            if bandwidth else None
+        runs = report.get(f"itl/{model}", {}).get("runs", {})
+        for batch in batches:
+            run = runs.get(batch)
+            itl = run["itl_ms"]["p50"] if run and run["itl_ms"] else None
+            ratio = itl / floor_ms if itl and floor_ms else None
+            aim = AIMS.get((model, batch))
+            rows.append({"model": model, "batch": batch, "floor_ms": floor_ms, "itl_p50_ms": itl,
+                         "x_floor": ratio, "aim": aim, "met": None if ratio is None or aim is None else ratio <= aim,
+                         "output_tokens_per_s": run["output_tokens_per_s"] if run else None})
+    return rows
+
+
+def print_table(rows: list[dict], report: dict) -> None:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    print(f"copy bandwidth: {num(report.get('copy_bandwidth_gb_s'), '.0f')} GB/s", flush=True)
+    print(f"{'model':<14}{'batch':>6}{'floor ms':>10}{'ITL p50':>10}{'x floor':>9}{'aim':>6}{'met':>6}{'tok/s':>9}")
+    for r in rows:
+        print(f"{r['model']:<14}{r['batch']:>6}{num(r['floor_ms'], '.3f'):>10}{num(r['itl_p50_ms'], '.3f'):>10}"
+              f"{num(r['x_floor'], '.2f'):>9}{num(r['aim'], '.2f'):>6}{r['met'] if r['met'] is not None else '-'!s:>6}"
+              f"{num(r['output_tokens_per_s'], '.0f'):>9}")
+    for name, value in report.items():
+        if name.startswith("parity/"):
+            print(f"{name}: equal={value['equal']} first_difference={value['first_difference']}")
+        if name.startswith("mlp_fusion/"):
+            for batch, row in value.items():
+                if isinstance(row, dict):
+                    print(f"{name} batch {batch}: " + ", ".join(f"{k} {v['us_per_layer']} us"
+                                                               for k, v in row.items()))
+        if name.startswith("in_process/"):
+            print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
+            p = value["probe"]
+            print(f"probe: +{p['added_us_per_step']:.1f} us/step, 95% CI [{p['ci95_us'][0]:.1f}, "
+                  f"{p['ci95_us'][1]:.1f}], {p['added_percent']:.2f}% of a {p['step_us_probe_off']:.0f} us step; "
+                  f"the marks alone {p['marks_alone_us']:.1f} us")
+    for name in report["errors"]:
+        print(f"{name}: FAILED (see errors in the JSON)")
+    for name in report["skipped"]:
+        print(f"{name}: skipped (budget)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
