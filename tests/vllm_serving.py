@@ -68,11 +68,11 @@ class Server:
 
     @classmethod
     def start(cls, command: list[str], port: int, cache: Path, world_size: int,
-              log: Path) -> Server:
+              log: Path, cwd: Path = REPO) -> Server:
         tmp = tempfile.mkdtemp(prefix="vllm-")
         sink = open(log, "wb")
         process = subprocess.Popen(command, env=vllm_env(cache, tmp, world_size), stdout=sink,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
         return cls(process, port, log, tmp)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
