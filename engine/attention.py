@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.layers import apply_rotary, fused
@@ -54,27 +55,60 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attention
     if q.is_cuda:
         from kernels.attention import paged_attention as paged_attention_kernel
         return paged_attention_kernel(q, k_cache, v_cache, meta, scale)
-    block_size = k_cache.shape[1]
-    group = q.shape[1] // k_cache.shape[2]  # query heads per KV head (GQA)
+    if meta.max_query_len == 1:
+        return _decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
     query_starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    decodes = [b for b in range(len(seq_lens)) if query_starts[b + 1] - query_starts[b] == 1]
     out = torch.empty_like(q)
-    for b, seq_len in enumerate(meta.seq_lens.tolist()):
+    if decodes:
+        rows = torch.tensor([query_starts[b] for b in decodes])
+        index = torch.tensor(decodes)
+        out[rows] = _decode_attention(q[rows], k_cache, v_cache, meta.block_tables[index],
+                                      meta.seq_lens[index], scale)
+    for b in sorted(set(range(len(seq_lens))) - set(decodes)):
         rows = slice(query_starts[b], query_starts[b + 1])
-        blocks = meta.block_tables[b, :-(-seq_len // block_size)].long()
-        k = k_cache[blocks].flatten(0, 1)[:seq_len].repeat_interleave(group, dim=1)
-        v = v_cache[blocks].flatten(0, 1)[:seq_len].repeat_interleave(group, dim=1)
-        out[rows] = _causal_attention(q[rows], k, v, scale)
+        out[rows] = _chunk_attention(q[rows], k_cache, v_cache, meta.block_tables[b], seq_lens[b], scale)
     return out
 
 
-def _causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """q [Q, heads, d] at the last Q of the S positions of k, v [S, heads, d]."""
-    num_queries, seq_len = q.shape[0], k.shape[0]
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    query_pos = torch.arange(seq_len - num_queries, seq_len, device=q.device)
-    future = torch.arange(seq_len, device=q.device) > query_pos.unsqueeze(1)
-    probs = scores.masked_fill_(future, float("-inf")).softmax(dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+def _gather(cache: Tensor, block_tables: Tensor, num_blocks: int) -> Tensor:
+    """The first num_blocks blocks of each table, [B, num_blocks * block_size, kv_heads, d]."""
+    rows = cache.index_select(0, block_tables[:, :num_blocks].flatten())
+    return rows.view(block_tables.shape[0], -1, *cache.shape[2:])
+
+
+def _decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                      seq_lens: Tensor, scale: float) -> Tensor:
+    """One query per request, at its last position: [B, heads, d]. Every request's context
+    is gathered to the longest one's length; the slots past its own are masked and
+    zeroed, since what they hold (never written, or another request's) must not reach
+    the output, not even as 0 * NaN."""
+    num_blocks = -(-int(seq_lens.max()) // k_cache.shape[1])
+    k = _gather(k_cache, block_tables, num_blocks)                   # [B, S, kv_heads, d]
+    v = _gather(v_cache, block_tables, num_blocks)
+    visible = torch.arange(k.shape[1]) < seq_lens[:, None]
+    hidden = ~visible[:, :, None, None]
+    k.masked_fill_(hidden, 0)
+    v.masked_fill_(hidden, 0)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None, None, :], scale=scale,
+                                         enable_gqa=True)
+    return out.squeeze(2)
+
+
+def _chunk_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                     seq_len: int, scale: float) -> Tensor:
+    """One request's Q queries [Q, heads, d] at the last Q of its seq_len positions."""
+    num_queries = q.shape[0]
+    num_blocks = -(-seq_len // k_cache.shape[1])
+    k = _gather(k_cache, block_table[None], num_blocks)[0, :seq_len].transpose(0, 1)
+    v = _gather(v_cache, block_table[None], num_blocks)[0, :seq_len].transpose(0, 1)
+    query_pos = torch.arange(seq_len - num_queries, seq_len)
+    visible = torch.arange(seq_len) <= query_pos[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=visible, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(0, 1)
 
 
 class Attention(nn.Module):
