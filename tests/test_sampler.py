@@ -3,15 +3,14 @@ import pytest
 import torch
 
 from engine.sampler import Sampler
-from engine.scheduler_output import ScheduledRequest
+from engine.scheduler_output import RequestSampling
 
 VOCAB = 50
 
 
 def make_request(temperature=1.0, top_k=0, top_p=1.0, seed=None, num_output_tokens=0):
-    return ScheduledRequest(req_id="r", token_ids=[1], start_pos=0, block_ids=[1], sample=True,
-                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            num_output_tokens=num_output_tokens)
+    return RequestSampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           num_output_tokens=num_output_tokens)
 
 
 def random_logits(rows, seed=0):
