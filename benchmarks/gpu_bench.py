@@ -37,7 +37,7 @@ from engine.loader import ModelSource, load_weights, resolve_model
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
 
 MODELS = ["llama-3.2-1b", "llama-3.1-8b"]
 BATCHES = [1, 32, 128]
@@ -119,12 +119,16 @@ def decode_step_times(runner: ModelRunner, batch: int, blocks_per_seq: int) -> l
     tokens = torch.randint(0, 1000, (batch, CONTEXT_LEN)).tolist()
     block_ids = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
 
+    req_ids = [f"r{b}" for b in range(batch)]
+
     def step(n: int) -> float:
-        requests = [ScheduledRequest(f"r{b}", seq if n == 0 else seq[-1:], 0 if n == 0 else len(seq) - 1,
-                                     block_ids[b], True, 0.0, 0, 1.0, None, n)
-                    for b, seq in enumerate(tokens)]
+        new = [seq if n == 0 else seq[-1:] for seq in tokens]
+        batch_out = SchedulerOutput(n, req_ids, [len(seq) - len(t) for seq, t in zip(tokens, new)], new,
+                                    [True] * batch, [[] for _ in new], [
+                                        NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
+                                        for r, b in zip(req_ids, block_ids)] if n == 0 else [])
         start = time.perf_counter()
-        out = runner.execute_model(SchedulerOutput(n, requests))
+        out = runner.execute_model(batch_out)
         elapsed = time.perf_counter() - start
         for seq, token in zip(tokens, out.sampled_token_ids):
             seq.append(token)

@@ -55,7 +55,7 @@ from engine.llm_engine import LLMEngine
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
 
 MODEL_8B, MODEL_1B = "llama-3.1-8b", "llama-3.2-1b"
 AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1B, 1): 2.0}
@@ -164,10 +164,13 @@ class DecodeLoop:
         self._step(prefill=True)
 
     def _step(self, prefill: bool = False):
-        requests = [ScheduledRequest(f"r{b}", seq if prefill else seq[-1:], 0 if prefill else len(seq) - 1,
-                                     self.block_ids[b], True, 0.0, 0, 1.0, None, self.step_id)
-                    for b, seq in enumerate(self.tokens)]
-        out = self.runner.execute_model(SchedulerOutput(self.step_id, requests))
+        req_ids = [f"r{b}" for b in range(len(self.tokens))]
+        new = [seq if prefill else seq[-1:] for seq in self.tokens]
+        out = self.runner.execute_model(SchedulerOutput(
+            self.step_id, req_ids, [len(seq) - len(t) for seq, t in zip(self.tokens, new)], new,
+            [True] * len(new), [[] for _ in new],
+            [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
+             for r, b in zip(req_ids, self.block_ids)] if prefill else []))
         for seq, token in zip(self.tokens, out.sampled_token_ids):
             seq.append(token)
         self.step_id += 1

@@ -25,6 +25,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     a("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     a("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
     a("--max-concurrent-batches", type=int, default=d.max_concurrent_batches)
+    a("--no-async-scheduling", dest="async_scheduling", action="store_false")
     a("--enforce-eager", action="store_true")
     a("--seed", type=int, default=d.seed)
     nodes = parser.add_argument_group("multi-node (node 0 is the head; the others run headless)")

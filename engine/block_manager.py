@@ -166,13 +166,15 @@ class KVCacheManager:
         if entry is not None:
             self.pool.release(entry.blocks[::-1])
 
-    def block_ids(self, request: Request) -> list[int]:
-        return [b.block_id for b in self.requests[request.req_id].blocks]
+    def block_ids(self, request: Request, start: int = 0) -> list[int]:
+        """The request's block table from entry `start` on."""
+        return [b.block_id for b in self.requests[request.req_id].blocks[start:]]
 
     def _cache_full_blocks(self, request: Request, entry: RequestBlocks, num_tokens: int) -> None:
-        """Register the blocks that this step fills. Their KV is written before any later
+        """Register the blocks that this step fills, once their tokens are known (a token
+        a batch in flight samples is not yet). Their KV is written before any later
         reader runs: within a step each layer writes the cache before attending."""
-        num_full = num_tokens // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         hashes = self._block_hashes(request, entry)
         for i in range(entry.num_hashed, num_full):
             self.pool.cache(entry.blocks[i], hashes[i])
@@ -181,9 +183,8 @@ class KVCacheManager:
     def _block_hashes(self, request: Request, entry: RequestBlocks | None = None) -> list[int]:
         """Chained hashes of all the request's full blocks, extending the stored list."""
         hashes = entry.hashes if entry is not None else []
-        tokens = request.all_token_ids
         size = self.block_size
-        for i in range(len(hashes), len(tokens) // size):
+        for i in range(len(hashes), request.num_tokens // size):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(tokens[i * size:(i + 1) * size]))))
+            hashes.append(hash((parent, tuple(request.token_slice(i * size, (i + 1) * size)))))
         return hashes

@@ -20,7 +20,8 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # None: 1 GiB on CPU, free memory share on GPU
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    max_concurrent_batches: int | None = None  # None: pipeline_parallel_size
+    max_concurrent_batches: int | None = None  # None: pipeline_parallel_size, or 2 with async scheduling at pp=1
+    async_scheduling: bool = True        # schedule the next batch while one runs (scheduler.py)
     enforce_eager: bool = False
     seed: int = 0
     nnodes: int = 1
@@ -43,7 +44,11 @@ class EngineConfig:
 
     @property
     def batch_queue_size(self) -> int:
-        return self.max_concurrent_batches or self.pipeline_parallel_size
+        if self.max_concurrent_batches:
+            return self.max_concurrent_batches
+        if self.pipeline_parallel_size == 1 and self.async_scheduling:
+            return 2
+        return self.pipeline_parallel_size
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message for settings that cannot work."""

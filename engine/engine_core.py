@@ -1,7 +1,11 @@
 """EngineCore.step(): schedule -> execute_model -> update_from_output.
 
-With pipeline parallelism the core keeps up to `batch_queue_size` batches in
-flight (as vLLM's batch queue does), so that every stage has work.
+The core keeps up to `batch_queue_size` batches in flight, as vLLM's batch
+queue does: with pipeline parallelism so that every stage has work, and with
+async scheduling at pp=1 (two batches) so that the workers find the next batch
+waiting when they finish one. The driver's work for a step (update_from_output,
+the caller's detokenizing and replies, scheduling the next batch) then runs
+while the workers compute the step after it, not between two steps.
 """
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput | None:
         with probe.phase(Phase.SCHEDULE, step=self.scheduler.next_step):
             out = self.scheduler.schedule()
-        return out if out.requests else None
+        return out if out.req_ids else None
 
     def _finish(self, out: SchedulerOutput, result):
         with probe.phase(Phase.UPDATE_FROM_OUTPUT, step=out.step):

@@ -1,4 +1,10 @@
-"""LLMEngine: tokenizer + EngineCore + the detokenizer that applies stop strings."""
+"""LLMEngine: tokenizer + EngineCore + the detokenizer that applies stop strings.
+
+Detokenizing is incremental, as in vLLM: each step decodes a window of the
+last few tokens, from the start of the last text it released, so a step costs
+the same however long the output grew. Text is released up to the last
+complete character, and the stop strings are looked for in the new text only.
+"""
 from __future__ import annotations
 
 import itertools
@@ -32,6 +38,8 @@ class _Detokenizer:
     output: RequestOutput
     params: SamplingParams
     sent_chars: int = 0
+    prefix_offset: int = 0       # the decoded window starts at this token...
+    read_offset: int = 0         # ...and its text up to this one is in output.text
 
 
 class LLMEngine:
@@ -98,17 +106,29 @@ class LLMEngine:
         out.new_token_ids = list(core_output.new_token_ids)
         out.token_ids.extend(out.new_token_ids)
         out.finished, out.finish_reason = core_output.finished, core_output.finish_reason
-        text = self.tokenizer.decode(out.token_ids)
-        stop_at = _first_stop(text, state.params.stop)
+        searched = max(len(out.text) - max((len(s) - 1 for s in state.params.stop), default=0), 0)
+        out.text += self._new_text(state)
+        stop_at = _first_stop(out.text, state.params.stop, searched)
         if stop_at is not None:
-            text = text[:stop_at]
+            out.text = out.text[:stop_at]
             if not out.finished:
                 self.core.abort_requests([out.req_id])
             out.finished, out.finish_reason = True, "stop"
-        out.text = text
-        ready = len(text) if out.finished else _releasable(text, state.params.stop)
-        out.new_text = text[state.sent_chars:ready]
+        ready = len(out.text) if out.finished else _releasable(out.text, state.params.stop)
+        out.new_text = out.text[state.sent_chars:ready]
         state.sent_chars = max(state.sent_chars, ready)
+
+    def _new_text(self, state: _Detokenizer) -> str:
+        """The text the new tokens add: the window decoded, less the text of its part
+        already read. Held back while it ends in an unfinished character, unless the
+        request has finished."""
+        ids = state.output.token_ids
+        known = self.tokenizer.decode(ids[state.prefix_offset:state.read_offset])
+        window = self.tokenizer.decode(ids[state.prefix_offset:])
+        if len(window) <= len(known) or (window.endswith("\ufffd") and not state.output.finished):
+            return ""
+        state.prefix_offset, state.read_offset = state.read_offset, len(ids)
+        return window[len(known):]
 
     def shutdown(self) -> None:
         self.core.shutdown()
@@ -116,11 +136,11 @@ class LLMEngine:
 
 def _releasable(text: str, stops: list[str]) -> int:
     """How much of unfinished text may be streamed: hold back a possible start of a
-    stop string, and a multi-byte character still being decoded."""
-    end = len(text) - max((len(s) - 1 for s in stops), default=0)
-    if text.endswith("\ufffd"):
-        end = min(end, len(text) - 1)
-    return max(end, 0)
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    stop string."""
+    return max(len(text) - max((len(s) - 1 for s in stops), default=0), 0)
+
+
+def _first_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Where the first stop string in text[start:] begins."""
+    hits = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
     return min(hits) if hits else None

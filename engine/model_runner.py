@@ -1,5 +1,11 @@
 """One rank's model execution: SchedulerOutput -> input tensors -> model -> sampled tokens.
 
+The runner keeps each request's block table and sampling state from the step it
+arrives in (`new_requests`) until the driver drops it, and applies each step's
+additions. At pp=1 every rank samples (all TP ranks hold the same logits and
+draw the same tokens), so that a step the driver scheduled before it saw the
+previous step's tokens finds them here (PENDING_TOKEN).
+
 On GPU, a step in which every request computes one token (a decode batch) replays a
 CUDA graph of this stage's forward, captured at warmup for its padded batch size; any
 other step runs eagerly. PP send/recv, the LM head, sampling and the probe's phases
@@ -21,7 +27,14 @@ from engine.config import EngineConfig
 from engine.loader import ModelSource, load_weights
 from engine.model import LlamaForCausalLM
 from engine.sampler import Sampler
-from engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.scheduler_output import PENDING_TOKEN, ModelRunnerOutput, RequestSampling, SchedulerOutput
+
+
+@dataclass
+class RequestState:
+    block_ids: list[int]
+    sampling: RequestSampling
+    last_sampled: int = PENDING_TOKEN   # the token this rank sampled for it last
 
 
 @dataclass
@@ -44,6 +57,8 @@ class ModelRunner:
         self.model = LlamaForCausalLM(source.model_config, comm, dtype, device)
         load_weights(self.model, source, config.seed)
         self.sampler = Sampler(config.seed)
+        self.requests: dict[str, RequestState] = {}
+        self.samples = comm.tp_rank == 0 or comm.pp_size == 1
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None
@@ -76,21 +91,32 @@ class ModelRunner:
                                               max_blocks_per_seq, pad_block=self.num_blocks)
         torch.cuda.synchronize()
 
-    def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
+    def update_requests(self, out: SchedulerOutput) -> list[RequestState]:
+        """Apply the step's changes to the requests held; returns the batch's, in row order."""
+        for req_id in out.finished_req_ids:
+            del self.requests[req_id]
+        for new in out.new_requests:
+            self.requests[new.req_id] = RequestState(new.block_ids, new.sampling)
+        batch = [self.requests[req_id] for req_id in out.req_ids]
+        for state, new_blocks in zip(batch, out.new_block_ids):
+            state.block_ids += new_blocks
+        return batch
+
+    def prepare_inputs(self, out: SchedulerOutput, batch: list[RequestState]) -> ModelInputs:
         ids, positions, slots, qsl, seq_lens, sample_rows = [], [], [], [0], [], []
-        for req in out.requests:
-            n = len(req.token_ids)
-            ids.extend(req.token_ids)
-            pos = range(req.start_pos, req.start_pos + n)
+        for state, start, tokens, sample in zip(batch, out.start_pos, out.token_ids, out.sample):
+            n = len(tokens)
+            ids.extend(state.last_sampled if t == PENDING_TOKEN else t for t in tokens)
+            pos = range(start, start + n)
             positions.extend(pos)
-            slots.extend(req.block_ids[p // self.block_size] * self.block_size + p % self.block_size
-                         for p in pos)
+            blocks = state.block_ids
+            slots.extend(blocks[p // self.block_size] * self.block_size + p % self.block_size for p in pos)
             qsl.append(qsl[-1] + n)
-            seq_lens.append(req.start_pos + n)
-            if req.sample:
+            seq_lens.append(start + n)
+            if sample:
                 sample_rows.append(qsl[-1] - 1)
-        width = max(len(r.block_ids) for r in out.requests)
-        tables = [b for r in out.requests for b in r.block_ids + [0] * (width - len(r.block_ids))]
+        width = max(len(state.block_ids) for state in batch)
+        tables = [b for state in batch for b in state.block_ids + [0] * (width - len(state.block_ids))]
         ids, positions, slots, sample_rows = self._to_device([ids, positions, slots, sample_rows],
                                                              torch.int64)
         max_seq_len = max(seq_lens)
@@ -99,8 +125,8 @@ class ModelRunner:
             slot_mapping=slots,
             query_start_loc=qsl,
             seq_lens=seq_lens,
-            block_tables=tables.view(len(out.requests), width),
-            max_query_len=max(len(r.token_ids) for r in out.requests),
+            block_tables=tables.view(len(batch), width),
+            max_query_len=max(len(tokens) for tokens in out.token_ids),
             max_seq_len=max_seq_len,
         )
         return ModelInputs(ids, positions, meta, sample_rows)
@@ -112,7 +138,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
-        inputs = self.prepare_inputs(out)
+        batch = self.update_requests(out)
+        inputs = self.prepare_inputs(out, batch)
         hidden = residual = None
         if not self.comm.is_first_stage:
             with probe.phase(Phase.PP_RECV, step=out.step):
@@ -125,7 +152,7 @@ class ModelRunner:
             with probe.phase(Phase.PP_SEND, step=out.step):
                 self.comm.send([hidden, residual], self.comm.next_stage_rank())
             return None
-        return self._sample(out, hidden[inputs.sample_rows])
+        return self._sample(out, batch, hidden[inputs.sample_rows])
 
     def _forward(self, inputs: ModelInputs, hidden, residual):
         if self.decode_graphs is not None and self.decode_graphs.fits(inputs):
@@ -133,14 +160,18 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, hidden, residual, inputs.meta,
                           self.kv_caches)
 
-    def _sample(self, out: SchedulerOutput, hidden: torch.Tensor) -> ModelRunnerOutput | None:
+    def _sample(self, out: SchedulerOutput, batch: list[RequestState],
+                hidden: torch.Tensor) -> ModelRunnerOutput | None:
         logits = self.model.compute_logits(hidden)
-        if self.comm.tp_rank != 0:
+        if not self.samples:
             return None
         with probe.phase(Phase.SAMPLE, step=out.step):
-            sampled = [r for r in out.requests if r.sample]
-            tokens = self.sampler.sample(logits, sampled)
-        return ModelRunnerOutput(out.step, [r.req_id for r in sampled], tokens)
+            sampled = [state for state, sample in zip(batch, out.sample) if sample]
+            tokens = self.sampler.sample(logits, [state.sampling for state in sampled])
+        for state, token in zip(sampled, tokens):
+            state.last_sampled = token
+            state.sampling.num_output_tokens += 1
+        return ModelRunnerOutput(out.step, tokens) if self.comm.tp_rank == 0 else None
 
 
 def capture_sizes(max_batch: int) -> list[int]:

@@ -8,20 +8,30 @@ it a prompt must fit whole into one step. When the KV cache runs out, the most
 recently arrived running request is preempted: its blocks are freed and it is
 recomputed later (its generated tokens become part of its prefix).
 
-With pipeline parallelism up to `batch_queue_size` batches are in flight at once.
-A request in an in-flight batch is not scheduled again, nor preempted, until
-update_from_output() has seen that batch.
+Up to `batch_queue_size` batches are in flight at once. With async scheduling at
+pp=1 a request in flight is scheduled again as if the token its batch samples
+had arrived (vLLM V1's async scheduling): the next batch computes that token,
+which the workers sampled themselves, and the driver learns it afterwards. Its
+finish is only known then; a token sampled after it is dropped. With pp > 1 the
+token would come from the last stage after the next batch had passed the first,
+so a request in flight waits until update_from_output() has seen its batch. A
+request in flight is never preempted.
+
+Each step's work is proportional to what changed: a request's block table and
+sampling settings go to the workers once (scheduler_output.py), then only its
+new tokens and blocks.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from diagnose import probe
 from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
-from engine.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import (PENDING_TOKEN, ModelRunnerOutput, NewRequest, RequestSampling,
+                                     SchedulerOutput)
 
 
 @dataclass
@@ -60,7 +70,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}     # unfinished, plus aborted ones still in flight
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.in_flight: set[str] = set()
+        self.in_flight: Counter[str] = Counter()  # req_id -> batches in flight that hold it
+        self.reschedule_in_flight = config.async_scheduling and config.pipeline_parallel_size == 1
+        self.dropped: list[str] = []              # left the workers; the next batch tells them
         self.next_step = 0                        # the number the next non-empty batch gets
         self.num_arrived = 0
         self.num_preemptions = 0
@@ -113,28 +125,41 @@ class Scheduler:
         if self.num_preemptions == num_preemptions_before:  # else admitting would only evict again
             self._schedule_waiting(chunks, budget)
 
-        requests = [self._scheduled_request(request, num_new) for request, num_new in chunks.values()]
-        step = self.next_step
-        if requests:
+        out = SchedulerOutput(step=self.next_step)
+        if chunks:
+            for request, num_new in chunks.values():
+                self._add_to_batch(out, request, num_new)
+            out.finished_req_ids, self.dropped = self.dropped, []
             self.next_step += 1
-            self.in_flight.update(chunks)
-        probe.kv_stats(step, self.kv.num_used, self.kv.num_free,
+            self.in_flight.update(chunks.keys())
+        probe.kv_stats(out.step, self.kv.num_used, self.kv.num_free,
                        self.kv.num_allocated, self.kv.num_freed, self.num_preemptions)
-        return SchedulerOutput(step=step, requests=requests)
+        return out
 
     def _schedule_running(self, chunks: dict[str, tuple[Request, int]], budget: int) -> int:
         """Decodes first, then unfinished prefills. Returns the budget left."""
-        decodes_first = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        ready = [r for r in self.running if self._ready(r)]
+        decodes_first = [r for r in ready if r.num_uncomputed == 1] + [r for r in ready if r.num_uncomputed > 1]
         for request in decodes_first:
             if budget == 0:
                 break
-            if request.req_id in self.in_flight or request.status is not RequestStatus.RUNNING:
+            if request.status is not RequestStatus.RUNNING:     # preempted for one before it
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_uncomputed, budget)
             if self._allocate_or_preempt(request, num_new, chunks):
                 chunks[request.req_id] = (request, num_new)
                 budget -= num_new
         return budget
+
+    def _ready(self, request: Request) -> bool:
+        """A running request that can take a step now: it has tokens to compute, and
+        if a batch in flight holds it, it may be scheduled again and will not have
+        finished by length once that batch's token arrives."""
+        if request.status is not RequestStatus.RUNNING or request.num_uncomputed == 0:
+            return False
+        if request.req_id not in self.in_flight:
+            return True
+        return self.reschedule_in_flight and not self._ends_by_length(request, request.num_pending)
 
     def _schedule_waiting(self, chunks: dict[str, tuple[Request, int]], budget: int) -> None:
         """Admit waiting requests in arrival order while budget, max_num_seqs and blocks allow."""
@@ -156,18 +181,21 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
+        sampled = iter(model_runner_output.sampled_token_ids)
         outputs = []
-        for scheduled in scheduler_output.requests:
-            self.in_flight.discard(scheduled.req_id)
-            request = self.requests[scheduled.req_id]
-            if request.is_finished:                 # aborted while in flight
-                self.kv.free(request)
-                del self.requests[request.req_id]
+        for req_id, sample in zip(scheduler_output.req_ids, scheduler_output.sample):
+            self.in_flight[req_id] -= 1
+            if not self.in_flight[req_id]:
+                del self.in_flight[req_id]
+            request = self.requests[req_id]
+            token = next(sampled) if sample else None
+            if sample:
+                request.num_pending -= 1
+            if request.is_finished:                 # aborted, or finished by an earlier batch
+                self._release_if_landed(request)
                 continue
-            if not scheduled.sample:
+            if token is None:
                 continue
-            token = sampled[scheduled.req_id]
             request.output_token_ids.append(token)
             self.generation_tokens += 1
             finish_reason = self._finish_reason(request, token)
@@ -203,22 +231,31 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _add_to_batch(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
-        request.num_computed_tokens += num_new
+        end = start + num_new
+        request.num_computed_tokens = end
+        known = max(start, min(end, request.num_tokens))     # the rest are pending
+        sample = end == request.num_tokens + request.num_pending
+        out.req_ids.append(request.req_id)
+        out.start_pos.append(start)
+        out.token_ids.append(request.token_slice(start, known) + [PENDING_TOKEN] * (end - known))
+        out.sample.append(sample)
+        request.num_pending += sample
+        if request.num_blocks_sent is None:
+            out.new_requests.append(self._new_request(request))
+            out.new_block_ids.append([])
+            request.num_blocks_sent = len(out.new_requests[-1].block_ids)
+        else:
+            new_blocks = self.kv.block_ids(request, request.num_blocks_sent)
+            out.new_block_ids.append(new_blocks)
+            request.num_blocks_sent += len(new_blocks)
+
+    def _new_request(self, request: Request) -> NewRequest:
         params = request.sampling_params
-        return ScheduledRequest(
-            req_id=request.req_id,
-            token_ids=request.all_token_ids[start:start + num_new],
-            start_pos=start,
-            block_ids=self.kv.block_ids(request),
-            sample=request.num_computed_tokens == request.num_tokens,
-            temperature=params.temperature,
-            top_k=max(params.top_k, 0),
-            top_p=params.top_p,
-            seed=params.seed,
-            num_output_tokens=request.num_output_tokens,
-        )
+        return NewRequest(request.req_id, self.kv.block_ids(request), RequestSampling(
+            temperature=params.temperature, top_k=max(params.top_k, 0), top_p=params.top_p,
+            seed=params.seed, num_output_tokens=request.num_output_tokens))
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              chunks: dict[str, tuple[Request, int]]) -> bool:
@@ -226,19 +263,22 @@ class Scheduler:
         False when the request itself was the one to go."""
         while not self.kv.allocate_slots(request, num_new):
             victim = self._pick_victim(chunks)
+            if victim is None:              # the request itself is in flight: it waits a step
+                return False
             self._preempt(victim)
             if victim is request:
                 return False
         return True
 
-    def _pick_victim(self, chunks: dict[str, tuple[Request, int]]) -> Request:
+    def _pick_victim(self, chunks: dict[str, tuple[Request, int]]) -> Request | None:
         """The most recently arrived running request not in flight nor scheduled this step."""
         candidates = [r for r in self.running if r.req_id not in self.in_flight and r.req_id not in chunks]
-        return max(candidates, key=lambda r: r.arrival)
+        return max(candidates, key=lambda r: r.arrival, default=None)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
+        self._drop_from_workers(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -249,14 +289,28 @@ class Scheduler:
         params = request.sampling_params
         if token in params.stop_token_ids or (token in request.eos_token_ids and not params.ignore_eos):
             return "stop"
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        return "length" if self._ends_by_length(request, 0) else None
+
+    def _ends_by_length(self, request: Request, num_more: int) -> bool:
+        """Whether the request is at its length limits once num_more tokens more arrive."""
+        return (request.num_output_tokens + num_more >= request.sampling_params.max_tokens
+                or request.num_tokens + num_more >= self.max_model_len)
 
     def _finish(self, request: Request, reason: str) -> None:
-        """Mark the request finished and release it, unless a batch in flight still holds it."""
+        """Mark the request finished; release it once no batch in flight holds it."""
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        self._drop_from_workers(request)
+        self._release_if_landed(request)
+
+    def _release_if_landed(self, request: Request) -> None:
         if request.req_id not in self.in_flight:
             self.kv.free(request)
             del self.requests[request.req_id]
+
+    def _drop_from_workers(self, request: Request) -> None:
+        """The workers forget the request before the next batch: batches already sent,
+        which may still hold it, run before that one."""
+        if request.num_blocks_sent is not None:
+            self.dropped.append(request.req_id)
+            request.num_blocks_sent = None

@@ -43,6 +43,20 @@ def test_pp_without_batch_queue_matches(reference):
     assert _generate(pipeline_parallel_size=2, max_concurrent_batches=1) == reference
 
 
+def test_async_scheduling_matches_the_synchronous_path(reference):
+    """With async scheduling a step computes the token the step before it sampled before
+    the driver has seen it (and samples once more for a request that stops there): the
+    greedy and the seeded tokens are those of the synchronous path."""
+    seeded = SamplingParams(temperature=1.0, seed=3, max_tokens=12)
+
+    def run(**kwargs):
+        with LLM("tiny-llama", **kwargs) as llm:
+            return [[o.token_ids for o in llm.generate(PROMPTS, params)] for params in (GREEDY, seeded)]
+
+    synchronous = run(async_scheduling=False)
+    assert synchronous == run() and synchronous[0] == reference
+
+
 def test_chunked_prefill_and_prefix_cache_do_not_change_output(reference):
     assert _generate(max_num_batched_tokens=8) == reference
     assert _generate(enable_chunked_prefill=False, max_model_len=256,

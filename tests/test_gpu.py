@@ -18,7 +18,7 @@ from engine.model import LlamaForCausalLM
 from engine.model_config import LLAMA3_ROPE, ModelConfig
 from engine.model_runner import DecodeGraphs, ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
 from engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -185,13 +185,14 @@ def decode_outputs(max_num_seqs: int, enforce_eager: bool, monkeypatch) -> tuple
     block_ids = [[3, 9, 21], [12, 0, 4], [30, 1, 17, 8, 25]]
     tokens = [list(p) for p in prompts]
     sampled = []
+    req_ids = [f"r{b}" for b in range(len(prompts))]
     for step in range(7):
-        requests = []
-        for b, seq in enumerate(tokens):
-            new = seq if step == 0 else seq[-1:]
-            requests.append(ScheduledRequest(f"r{b}", new, len(seq) - len(new), block_ids[b], True,
-                                             0.0, 0, 1.0, None, step))
-        out = runner.execute_model(SchedulerOutput(step, requests))
+        new = [seq if step == 0 else seq[-1:] for seq in tokens]
+        out = runner.execute_model(SchedulerOutput(
+            step, req_ids, [len(seq) - len(n) for seq, n in zip(tokens, new)], new,
+            [True] * len(new), [[] for _ in new],
+            [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0)) for r, b in zip(req_ids, block_ids)]
+            if step == 0 else []))
         sampled.append(out.sampled_token_ids)
         for seq, token in zip(tokens, out.sampled_token_ids):
             seq.append(token)

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from engine.scheduler_output import PENDING_TOKEN, ModelRunnerOutput, SchedulerOutput
 
 VOCAB = 1000
 
@@ -30,24 +30,43 @@ def reference(prompt, max_tokens):
 
 
 class FakeModel:
+    """A worker's part: it holds each request's block table from the step the request
+    arrives in, applies each step's new blocks, and puts the token it sampled last for a
+    request where a step says PENDING_TOKEN."""
+
     def __init__(self, block_size):
         self.block_size = block_size
         self.cache = {}                           # slot -> token
+        self.tables = {}                          # req_id -> block ids
+        self.last_sampled = {}
 
-    def slot(self, block_ids, pos):
-        return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+    def slot(self, req_id, pos):
+        return self.tables[req_id][pos // self.block_size] * self.block_size + pos % self.block_size
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        for r in output.requests:                 # like a layer: write all new KV first...
-            for i, token in enumerate(r.token_ids):
-                self.cache[self.slot(r.block_ids, r.start_pos + i)] = token
-        req_ids, sampled = [], []
-        for r in output.requests:                 # ...then attend
-            if r.sample:
-                end = r.start_pos + len(r.token_ids)
-                req_ids.append(r.req_id)
-                sampled.append(next_token([self.cache[self.slot(r.block_ids, p)] for p in range(end)]))
-        return ModelRunnerOutput(output.step, req_ids, sampled)
+        for req_id in output.finished_req_ids:
+            del self.tables[req_id]
+        for new in output.new_requests:
+            self.tables[new.req_id] = list(new.block_ids)
+        for req_id, new_blocks in zip(output.req_ids, output.new_block_ids):
+            self.tables[req_id] += new_blocks
+        rows = list(zip(output.req_ids, output.start_pos, output.token_ids, output.sample))
+        for req_id, start, tokens, _ in rows:     # like a layer: write all new KV first...
+            for i, token in enumerate(tokens):
+                known = self.last_sampled[req_id] if token == PENDING_TOKEN else token
+                self.cache[self.slot(req_id, start + i)] = known
+        sampled = []
+        for req_id, start, tokens, sample in rows:  # ...then attend
+            if sample:
+                context = [self.cache[self.slot(req_id, p)] for p in range(start + len(tokens))]
+                self.last_sampled[req_id] = next_token(context)
+                sampled.append(self.last_sampled[req_id])
+        return ModelRunnerOutput(output.step, sampled)
+
+
+def batch(output: SchedulerOutput) -> list[tuple[str, int]]:
+    """(req_id, tokens this step) of each request in the batch."""
+    return [(req_id, len(tokens)) for req_id, tokens in zip(output.req_ids, output.token_ids)]
 
 
 def make_scheduler(num_blocks=64, max_model_len=64, **config):
@@ -66,9 +85,9 @@ def run_to_completion(scheduler, model, max_steps=500):
         if not scheduler.has_unfinished_requests() and not in_flight:
             return tokens, reasons
         output = scheduler.schedule()
-        if output.requests:
+        if output.req_ids:
             in_flight.append((output, model.execute(output)))
-        if in_flight and (len(in_flight) == scheduler.config.batch_queue_size or not output.requests):
+        if in_flight and (len(in_flight) == scheduler.config.batch_queue_size or not output.req_ids):
             for result in scheduler.update_from_output(*in_flight.popleft()):
                 tokens.setdefault(result.req_id, []).extend(result.new_token_ids)
                 if result.finished:
@@ -89,8 +108,7 @@ def test_budget_is_respected_and_chunked_prefill_splits_a_long_prompt():
     chunks = []
     for _ in range(3):
         output, _ = step(scheduler, model)
-        (r,) = output.requests
-        chunks.append((r.start_pos, len(r.token_ids), r.sample))
+        chunks += zip(output.start_pos, map(len, output.token_ids), output.sample)
     assert chunks == [(0, 8, False), (8, 8, False), (16, 4, True)]
     tokens, _ = run_to_completion(scheduler, model)
     assert scheduler.requests == {} and scheduler.kv.num_used == 0
@@ -102,10 +120,9 @@ def test_decodes_go_first_and_share_the_budget_with_prefills():
     step(scheduler, model)                        # prefill of "short"
     scheduler.add_request(make_request("long", range(1, 30)))
     output, _ = step(scheduler, model)
-    assert [(r.req_id, len(r.token_ids)) for r in output.requests] == [("short", 1), ("long", 7)]
+    assert batch(output) == [("short", 1), ("long", 7)]
     output, _ = step(scheduler, model)
-    assert [(r.req_id, len(r.token_ids)) for r in output.requests] == [("short", 1), ("long", 7)]
-    assert sum(len(r.token_ids) for r in output.requests) <= 8
+    assert batch(output) == [("short", 1), ("long", 7)]
 
 
 def test_decodes_go_before_an_unfinished_chunked_prefill_that_arrived_earlier():
@@ -117,7 +134,7 @@ def test_decodes_go_before_an_unfinished_chunked_prefill_that_arrived_earlier():
     for output in (first, second):
         scheduler.update_from_output(output, model.execute(output))
     third = scheduler.schedule()
-    assert [(r.req_id, len(r.token_ids)) for r in third.requests] == [("short", 1), ("long", 7)]
+    assert batch(third) == [("short", 1), ("long", 7)]
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_room_in_one_step():
@@ -127,7 +144,7 @@ def test_without_chunked_prefill_a_prompt_waits_for_room_in_one_step():
     step(scheduler, model)
     scheduler.add_request(make_request("b", range(1, 17), max_tokens=1))
     output, _ = step(scheduler, model)            # 1 decode token leaves 15: "b" does not fit
-    assert [r.req_id for r in output.requests] == ["a"]
+    assert output.req_ids == ["a"]
     tokens, _ = run_to_completion(scheduler, model)
     assert tokens["b"] == reference(range(1, 17), 1)
 
@@ -137,7 +154,7 @@ def test_max_num_seqs_limits_running_requests():
     for i in range(3):
         scheduler.add_request(make_request(f"r{i}", [i + 1] * 3, max_tokens=3))
     output, results = step(scheduler, model)
-    assert [r.req_id for r in output.requests] == ["r0", "r1"]
+    assert output.req_ids == ["r0", "r1"]
     assert scheduler.stats().num_waiting == 1
     tokens, _ = run_to_completion(scheduler, model)
     for result in results:
@@ -204,12 +221,11 @@ def test_in_flight_requests_are_not_rescheduled_with_two_batches_in_flight():
     first = scheduler.schedule()
     scheduler.add_request(make_request("b", [4, 5, 6], max_tokens=5))
     second = scheduler.schedule()
-    assert [r.req_id for r in first.requests] == ["a"]
-    assert [r.req_id for r in second.requests] == ["b"]
+    assert first.req_ids == ["a"] and second.req_ids == ["b"]
     third = scheduler.schedule()
-    assert third.requests == [] and second.step == first.step + 1 == 1
+    assert third.req_ids == [] and second.step == first.step + 1 == 1
     scheduler.update_from_output(first, model.execute(first))
-    assert [r.req_id for r in scheduler.schedule().requests] == ["a"]
+    assert scheduler.schedule().req_ids == ["a"]
 
 
 def test_a_request_in_flight_is_never_preempted():
@@ -222,7 +238,7 @@ def test_a_request_in_flight_is_never_preempted():
     second = scheduler.schedule()                 # "new" takes the last 3 blocks, in flight
     (result,) = scheduler.update_from_output(first, model.execute(first))
     third = scheduler.schedule()                  # "old" needs a block: it yields, not "new"
-    assert third.requests == []
+    assert third.req_ids == []
     assert (old.status, new.status) == (RequestStatus.PREEMPTED, RequestStatus.RUNNING)
     scheduler.update_from_output(second, model.execute(second))
     tokens, _ = run_to_completion(scheduler, model)
@@ -239,7 +255,7 @@ def test_pipelined_run_matches_the_reference_and_releases_everything():
     tokens, _ = run_to_completion(scheduler, model)
     assert tokens == {req_id: reference(prompt, 9) for req_id, prompt in prompts.items()}
     assert scheduler.stats().num_preemptions > 0                  # never of a request in flight
-    assert scheduler.kv.num_used == 0 and scheduler.in_flight == set()
+    assert scheduler.kv.num_used == 0 and not scheduler.in_flight
 
 
 def test_abort_in_flight_frees_blocks_when_its_batch_returns():
@@ -262,7 +278,7 @@ def test_prefix_cache_hits_are_counted_and_skip_computation():
     second = make_request("second", shared + [60, 61], max_tokens=2)
     scheduler.add_request(second)
     output, _ = step(scheduler, model)
-    assert (output.requests[0].start_pos, second.num_cached_tokens) == (12, 12)
+    assert (output.start_pos, second.num_cached_tokens) == ([12], 12)
     tokens, _ = run_to_completion(scheduler, model)
     assert second.output_token_ids == reference(shared + [60, 61], 2)
     stats = scheduler.stats()
@@ -286,3 +302,56 @@ def test_bad_requests_and_settings_are_rejected_with_one_line_errors():
     with pytest.raises(ValueError, match="without chunked prefill"):
         make_scheduler(max_model_len=64, enable_chunked_prefill=False)
     assert scheduler.waiting[0].status is RequestStatus.WAITING
+
+
+def finishing_mix(scheduler):
+    """Requests that end every way, with chunked prefills, shared prefixes and preemptions."""
+    prompt = [3, 1, 4, 1, 5]
+    ref = reference(prompt, 20)
+    for i in range(3):
+        scheduler.add_request(Request(f"eos{i}", prompt + [i], SamplingParams(temperature=0, max_tokens=20),
+                                      (reference(prompt + [i], 20)[2 + i],)))
+    scheduler.add_request(make_request("stop_id", prompt, max_tokens=20, stop_token_ids=[ref[3]]))
+    scheduler.add_request(make_request("model_len", prompt, max_tokens=40))
+    for i in range(4):
+        scheduler.add_request(make_request(f"long{i}", list(range(1, 14)) + [i], max_tokens=9))
+
+
+@pytest.mark.parametrize("batches", [None, 3])
+def test_async_scheduling_gives_the_synchronous_tokens(batches):
+    """The batch after one in flight computes that batch's token unseen (PENDING_TOKEN);
+    what a request gets, and why it ends, is as when every batch waits for the last."""
+    results = {}
+    for async_scheduling in (False, True):
+        scheduler = make_scheduler(num_blocks=12, max_model_len=24, max_num_batched_tokens=7,
+                                   async_scheduling=async_scheduling, max_concurrent_batches=batches)
+        finishing_mix(scheduler)
+        results[async_scheduling] = run_to_completion(scheduler, FakeModel(4))
+        assert scheduler.kv.num_used == 0 and scheduler.requests == {} and not scheduler.in_flight
+        assert scheduler.stats().num_preemptions > 0
+    assert results[True] == results[False]
+    tokens, reasons = results[True]
+    assert reasons["eos1"] == "stop" and tokens["eos1"] == reference([3, 1, 4, 1, 5, 1], 20)[:4]
+    assert reasons["model_len"] == "length" and len(tokens["model_len"]) == 24 - 5
+
+
+def test_a_request_crosses_to_the_workers_once_then_only_what_changed():
+    scheduler, model = make_scheduler(), FakeModel(4)
+    scheduler.add_request(make_request("a", [1, 2, 3], max_tokens=3))
+    first = scheduler.schedule()                  # the prompt, sampling the first token
+    second = scheduler.schedule()                 # that token, before the driver has seen it
+    (new,) = first.new_requests
+    assert (new.req_id, len(new.block_ids), new.sampling.num_output_tokens) == ("a", 1, 0)
+    assert (second.new_requests, second.token_ids, second.start_pos) == ([], [[PENDING_TOKEN]], [3])
+    assert second.new_block_ids == [[]]           # position 3 is in the first block
+    scheduler.update_from_output(first, model.execute(first))
+    output_2 = model.execute(second)
+    third = scheduler.schedule()                  # position 4 starts a block
+    assert third.token_ids == [[PENDING_TOKEN]] and len(third.new_block_ids[0]) == 1
+    scheduler.update_from_output(second, output_2)
+    assert scheduler.schedule().req_ids == []     # its last token is in flight: max_tokens
+    (result,) = scheduler.update_from_output(third, model.execute(third))
+    assert result.finished and scheduler.requests == {}
+    scheduler.add_request(make_request("b", [7, 8], max_tokens=1))
+    fourth = scheduler.schedule()
+    assert fourth.finished_req_ids == ["a"] and scheduler.schedule().finished_req_ids == []
