@@ -88,9 +88,9 @@ def _decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables:
     k = _gather(k_cache, block_tables, num_blocks)                   # [B, S, kv_heads, d]
     v = _gather(v_cache, block_tables, num_blocks)
     visible = torch.arange(k.shape[1]) < seq_lens[:, None]
-    hidden = ~visible[:, :, None, None]
-    k.masked_fill_(hidden, 0)
-    v.masked_fill_(hidden, 0)
+    past_end = (~visible).flatten().nonzero().squeeze(1)
+    for gathered in (k, v):
+        gathered.view(-1, *gathered.shape[2:]).index_fill_(0, past_end, 0)
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=visible[:, None, None, :], scale=scale,
                                          enable_gqa=True)

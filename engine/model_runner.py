@@ -24,6 +24,7 @@ from diagnose.core.vocab import Phase
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig
+from engine.layers import pack_linears
 from engine.loader import ModelSource, load_weights
 from engine.model import LlamaForCausalLM
 from engine.sampler import Sampler
@@ -56,6 +57,7 @@ class ModelRunner:
         self.use_cuda_graphs = device.type == "cuda" and not config.enforce_eager
         self.model = LlamaForCausalLM(source.model_config, comm, dtype, device)
         load_weights(self.model, source, config.seed)
+        pack_linears(self.model)
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, RequestState] = {}
         self.samples = comm.tp_rank == 0 or comm.pp_size == 1
