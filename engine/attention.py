@@ -106,9 +106,10 @@ def _chunk_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: T
     v = _gather(v_cache, block_table[None], num_blocks)[0, :seq_len].transpose(0, 1)
     query_pos = torch.arange(seq_len - num_queries, seq_len)
     visible = torch.arange(seq_len) <= query_pos[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=visible, scale=scale,
-                                         enable_gqa=True)
-    return out.transpose(0, 1)
+    # With a batch dim of 1: on 3-d inputs SDPA takes a path 3-4x slower on the CPU.
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=visible,
+                                         scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
 
 
 class Attention(nn.Module):
