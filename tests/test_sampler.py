@@ -83,3 +83,15 @@ def test_values_that_slipped_past_validation_neither_fail_nor_give_garbage():
     tokens = Sampler(seed=0).sample(logits, rows)
     assert tokens[:4] == argmax[:4]      # greedy, and top-p keeps the most likely token
     assert 0 <= tokens[4] < VOCAB
+
+
+def test_random_rows_follow_the_distribution_across_blocks():
+    """The inverse CDF finds a block of tokens, then the token in it: mass at both edges of
+    a block and in the last one, and nothing ever where the weight is 0."""
+    probs = torch.zeros(1024)
+    probs[[0, 255, 256, 1023]] = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    logits = torch.log(probs).expand(4000, 1024)
+    tokens = Sampler(seed=0).sample(logits, [make_request()] * 4000)
+    counts = torch.bincount(torch.tensor(tokens), minlength=1024).float() / 4000
+    assert set(tokens) == {0, 255, 256, 1023}
+    assert torch.allclose(counts[[0, 255, 256, 1023]], probs[[0, 255, 256, 1023]], atol=0.03)
