@@ -14,7 +14,11 @@
     and off over the same runner (a paired A/B), mean added us with a 95% interval;
 (e) the gate/up product with SiLU-and-mul as its epilogue (kernels/activation.py's
     gate_up_silu, which the engine does not use) against cuBLAS then silu_and_mul: one
-    CUDA graph over every layer's weight per path, GPU time per layer.
+    CUDA graph over every layer's weight per path, GPU time per layer;
+(f) async scheduling's effect on the ITL: two engines side by side, async scheduling
+    on and off (--no-async-scheduling), each with its own share of the KV memory;
+    rounds alternate which one runs first, and per batch size the medians of their
+    ITL p50 and the ratio on / off.
 
 Each part runs inside the wall-clock budget (a part that would start past it is
 skipped), in try/except: its result or its error goes into the JSON, rewritten after
@@ -62,6 +66,7 @@ AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1
 INPUT_LEN = 128
 PARITY_PROMPTS, PARITY_TOKENS = 8, 32
 FUSED_VAR = "ENGINE_FUSED_KERNELS"
+ASYNC_AB_KV_BYTES = 8 << 30        # each engine's KV cache in part (f): both fit beside each other
 
 
 
@@ -73,12 +78,13 @@ class Plan:
     runner_model: str                  # the in-process runner of part (d)
     probe_rounds: int
     steps_per_arm: int                 # decode steps per round with the probe on, and off
+    async_rounds: int                  # part (f): rounds per batch size, each engine once
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls([(MODEL_1B, [1, 32])], 16, MODEL_1B, 6, 8)
-        return cls([(MODEL_8B, [1, 32, 128]), (MODEL_1B, [1, 32, 128])], 64, MODEL_8B, 60, 16)
+            return cls([(MODEL_1B, [1, 32])], 16, MODEL_1B, 6, 8, 2)
+        return cls([(MODEL_8B, [1, 32, 128]), (MODEL_1B, [1, 32, 128])], 64, MODEL_8B, 60, 16, 5)
 
 
 # -- (b) ITL through the engine, (c) greedy parity ----------------------------------------
@@ -307,6 +313,34 @@ def graph_of(fn, weights) -> float:
     return gpu_ms(graph.replay, repeats=20)
 
 
+# -- (f) async scheduling on and off ------------------------------------------------------
+
+def async_ab(model: str, batches: list[int], plan: Plan) -> dict:
+    engines = {}
+    try:
+        for on in (True, False):
+            engines[on] = LLMEngine(dataclasses.replace(engine_config(model), async_scheduling=on,
+                                                        kv_cache_memory_bytes=ASYNC_AB_KV_BYTES))
+        vocab = engines[True].model_config.vocab_size
+        for engine in engines.values():
+            measure(engine, random_prompts(4, INPUT_LEN, vocab, seed=99), 4, "warmup")
+        report = {}
+        for batch in batches:
+            prompts = random_prompts(batch, INPUT_LEN, vocab, seed=batch)
+            itl = {True: [], False: []}
+            for round_ in range(plan.async_rounds):
+                for on in ((True, False) if round_ % 2 == 0 else (False, True)):
+                    itl[on].append(measure(engines[on], prompts, plan.output_len, str(batch)).itl_ms.p50)
+            on_ms, off_ms = statistics.median(itl[True]), statistics.median(itl[False])
+            report[batch] = {"async_itl_p50_ms": on_ms, "sync_itl_p50_ms": off_ms,
+                             "ratio_on_off": on_ms / off_ms, "rounds": {"on": itl[True], "off": itl[False]}}
+            print(f"  {model} batch {batch}: ITL p50 async {on_ms:.3f} ms, sync {off_ms:.3f} ms", flush=True)
+        return report
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+
+
 # -- the run -------------------------------------------------------------------------------
 
 class Run:
@@ -364,6 +398,8 @@ def main() -> None:
     run.part(f"in_process/{plan.runner_model}", in_process, plan.runner_model, plan, needs_s=60)
     for model, batches in plan.itl:
         run.part(f"mlp_fusion/{model}", mlp_fusion, model, batches, needs_s=30)
+    for model, batches in plan.itl:
+        run.part(f"async_ab/{model}", async_ab, model, batches, plan, needs_s=90)
     run.report["summary"] = summary(run.report, plan)
     run.write()
     print_table(run.report["summary"], run.report)
@@ -406,6 +442,10 @@ def print_table(rows: list[dict], report: dict) -> None:
                 if isinstance(row, dict):
                     print(f"{name} batch {batch}: " + ", ".join(f"{k} {v['us_per_layer']} us"
                                                                for k, v in row.items()))
+        if name.startswith("async_ab/"):
+            for batch, row in value.items():
+                print(f"{name} batch {batch}: ITL p50 async {row['async_itl_p50_ms']:.3f} ms, "
+                      f"sync {row['sync_itl_p50_ms']:.3f} ms, on/off {row['ratio_on_off']:.3f}")
         if name.startswith("in_process/"):
             print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
             p = value["probe"]
