@@ -8,8 +8,9 @@ after the other in one run.
         [--baseline DIR] [-o benchmarks/results/cpu_vs_vllm.json]
 
 A system is NAME:DTYPE, the dtype passed as --dtype: `vllm`, `engine` (this
-checkout) or `baseline` (the engine of another checkout, --baseline DIR, e.g.
-the commit before a change: git archive COMMIT | tar -x -C DIR). Rounds
+checkout), `engine-sync` (this checkout with --no-async-scheduling) or
+`baseline` (the engine of another checkout, --baseline DIR, e.g. the commit
+before a change: git archive COMMIT | tar -x -C DIR). Rounds
 alternate the order of the systems, so the machine's drift falls on all of
 them. Each round starts a server, runs the client once (random prompts of
 fixed lengths, --ignore-eos) and stops it. The table gives every round, the
@@ -37,7 +38,7 @@ METRICS = (("output_throughput", "out tok/s"), ("median_itl_ms", "ITL p50 ms"),
            ("median_ttft_ms", "TTFT p50 ms"), ("median_tpot_ms", "TPOT p50 ms"))
 KEPT = ("completed", "duration", "total_output_tokens", "request_throughput", "p99_itl_ms",
         "p99_ttft_ms", "mean_itl_ms")
-NAMES = ("vllm", "engine", "baseline")
+NAMES = ("vllm", "engine", "engine-sync", "baseline")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_MODEL_LEN = 512
 
@@ -71,7 +72,8 @@ def serve_command(system: System, checkpoint: Path, port: int, max_num_seqs: int
               "--dtype", system.dtype]
     if system.name == "vllm":
         return [str(VLLM), "serve", str(checkpoint), *common]
-    return [sys.executable, "-m", "engine", "serve", "--model", str(checkpoint), *common]
+    sync = ["--no-async-scheduling"] if system.name == "engine-sync" else []
+    return [sys.executable, "-m", "engine", "serve", "--model", str(checkpoint), *common, *sync]
 
 
 def one_round(system: System, checkpoint: Path, work: Path, args) -> dict:
@@ -117,17 +119,19 @@ def show(rounds: list[dict], summary: dict) -> None:
         table.add_row(str(r["round"]), r["system"], *(f"{r[key]:.1f}" for key, _ in METRICS))
     for label, values in summary.items():
         table.add_row("median", label, *(f"{values[key]:.1f}" for key, _ in METRICS))
-    for label, values in summary.items():
-        if "over_vllm" in values and not label.startswith("vllm:"):
-            table.add_row("/ vLLM", label, *(f"{values['over_vllm'][key]:.3f}" for key, _ in METRICS))
-    Console().print(table)
-    print("out tok/s over vLLM above 1 is faster than vLLM; ITL, TTFT and TPOT below 1 are.")
+    ratios = [(label, values["over_vllm"]) for label, values in summary.items()
+              if "over_vllm" in values and not label.startswith("vllm:")]
+    for label, over in ratios:
+        table.add_row("/ vLLM", label, *(f"{over[key]:.3f}" for key, _ in METRICS))
+    Console(width=120).print(table)
+    if ratios:
+        print("out tok/s over vLLM above 1 is faster than vLLM; ITL, TTFT and TPOT below 1 are.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default="vllm:bfloat16,engine:bfloat16",
-                        help="comma-separated NAME:DTYPE (NAME: vllm, engine, baseline)")
+                        help="comma-separated NAME:DTYPE (NAME: vllm, engine, engine-sync, baseline)")
     parser.add_argument("--baseline", help="another checkout whose engine runs as 'baseline'")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-prompts", type=int, default=64)
