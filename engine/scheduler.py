@@ -17,9 +17,7 @@ token would come from the last stage after the next batch had passed the first,
 so a request in flight waits until update_from_output() has seen its batch. A
 request in flight is never preempted.
 
-Each step's work is proportional to what changed: a request's block table and
-sampling settings go to the workers once (scheduler_output.py), then only its
-new tokens and blocks.
+A batch tells the workers only what changed for its requests (batch_builder.py).
 """
 from __future__ import annotations
 
@@ -27,11 +25,11 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from diagnose import probe
+from engine.batch_builder import BatchBuilder
 from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig
 from engine.request import Request, RequestStatus
-from engine.scheduler_output import (PENDING_TOKEN, ModelRunnerOutput, NewRequest, RequestSampling,
-                                     SchedulerOutput)
+from engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass
@@ -72,7 +70,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.in_flight: Counter[str] = Counter()  # req_id -> batches in flight that hold it
         self.reschedule_in_flight = config.async_scheduling and config.pipeline_parallel_size == 1
-        self.dropped: list[str] = []              # left the workers; the next batch tells them
+        self.batch = BatchBuilder(self.kv)
         self.next_step = 0                        # the number the next non-empty batch gets
         self.num_arrived = 0
         self.num_preemptions = 0
@@ -129,7 +127,7 @@ class Scheduler:
         if chunks:
             for request, num_new in chunks.values():
                 self._add_to_batch(out, request, num_new)
-            out.finished_req_ids, self.dropped = self.dropped, []
+            self.batch.seal(out)
             self.next_step += 1
             self.in_flight.update(chunks.keys())
         probe.kv_stats(out.step, self.kv.num_used, self.kv.num_free,
@@ -233,29 +231,11 @@ class Scheduler:
 
     def _add_to_batch(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
-        end = start + num_new
-        request.num_computed_tokens = end
-        known = max(start, min(end, request.num_tokens))     # the rest are pending
-        sample = end == request.num_tokens + request.num_pending
-        out.req_ids.append(request.req_id)
-        out.start_pos.append(start)
-        out.token_ids.append(request.token_slice(start, known) + [PENDING_TOKEN] * (end - known))
-        out.sample.append(sample)
-        request.num_pending += sample
-        if request.num_blocks_sent is None:
-            out.new_requests.append(self._new_request(request))
-            out.new_block_ids.append([])
-            request.num_blocks_sent = len(out.new_requests[-1].block_ids)
-        else:
-            new_blocks = self.kv.block_ids(request, request.num_blocks_sent)
-            out.new_block_ids.append(new_blocks)
-            request.num_blocks_sent += len(new_blocks)
-
-    def _new_request(self, request: Request) -> NewRequest:
-        params = request.sampling_params
-        return NewRequest(request.req_id, self.kv.block_ids(request), RequestSampling(
-            temperature=params.temperature, top_k=max(params.top_k, 0), top_p=params.top_p,
-            seed=params.seed, num_output_tokens=request.num_output_tokens))
+        request.num_computed_tokens += num_new
+        sample = request.num_computed_tokens == request.num_tokens + request.num_pending
+        self.batch.add(out, request, start, sample)
+        if sample:
+            request.num_pending += 1
 
     def _allocate_or_preempt(self, request: Request, num_new: int,
                              chunks: dict[str, tuple[Request, int]]) -> bool:
@@ -278,7 +258,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
-        self._drop_from_workers(request)
+        self.batch.drop(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -300,7 +280,7 @@ class Scheduler:
         """Mark the request finished; release it once no batch in flight holds it."""
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        self._drop_from_workers(request)
+        self.batch.drop(request)
         self._release_if_landed(request)
 
     def _release_if_landed(self, request: Request) -> None:
@@ -308,9 +288,3 @@ class Scheduler:
             self.kv.free(request)
             del self.requests[request.req_id]
 
-    def _drop_from_workers(self, request: Request) -> None:
-        """The workers forget the request before the next batch: batches already sent,
-        which may still hold it, run before that one."""
-        if request.num_blocks_sent is not None:
-            self.dropped.append(request.req_id)
-            request.num_blocks_sent = None
