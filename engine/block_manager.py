@@ -175,6 +175,8 @@ class KVCacheManager:
         a batch in flight samples is not yet). Their KV is written before any later
         reader runs: within a step each layer writes the cache before attending."""
         num_full = min(num_tokens, request.num_tokens) // self.block_size
+        if num_full <= entry.num_hashed:    # most decode steps fill no block
+            return
         hashes = self._block_hashes(request, entry)
         for i in range(entry.num_hashed, num_full):
             self.pool.cache(entry.blocks[i], hashes[i])

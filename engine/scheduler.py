@@ -136,14 +136,14 @@ class Scheduler:
 
     def _schedule_running(self, chunks: dict[str, tuple[Request, int]], budget: int) -> int:
         """Decodes first, then unfinished prefills. Returns the budget left."""
-        ready = [r for r in self.running if self._ready(r)]
-        decodes_first = [r for r in ready if r.num_uncomputed == 1] + [r for r in ready if r.num_uncomputed > 1]
-        for request in decodes_first:
+        ready = [(r, r.num_uncomputed) for r in self.running if self._ready(r)]
+        decodes_first = [x for x in ready if x[1] == 1] + [x for x in ready if x[1] > 1]
+        for request, num_uncomputed in decodes_first:
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:     # preempted for one before it
                 continue
-            num_new = min(request.num_uncomputed, budget)
+            num_new = min(num_uncomputed, budget)
             if self._allocate_or_preempt(request, num_new, chunks):
                 chunks[request.req_id] = (request, num_new)
                 budget -= num_new
