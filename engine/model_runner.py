@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -97,8 +97,8 @@ class ModelRunner:
         """Apply the step's changes to the requests held; returns the batch's, in row order."""
         for req_id in out.finished_req_ids:
             del self.requests[req_id]
-        for new in out.new_requests:
-            self.requests[new.req_id] = RequestState(new.block_ids, new.sampling)
+        for new in out.new_requests:  # copies: the runner changes them, its caller may not
+            self.requests[new.req_id] = RequestState(list(new.block_ids), replace(new.sampling))
         batch = [self.requests[req_id] for req_id in out.req_ids]
         for state, new_blocks in zip(batch, out.new_block_ids):
             state.block_ids += new_blocks
