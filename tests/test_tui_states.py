@@ -1,0 +1,84 @@
+"""What the TUI says before the job has a rank, and the command's own output
+(output.log in the run dir): its pane, and the server address it announced."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from diagnose.core.snapshot import Snapshot
+from test_tui import SIZE, SyntheticSource, rank6_never_reached, screen_text, started
+from tui.app import DiagApp
+from tui.output_pane import OutputPane
+
+
+class StartingSource(SyntheticSource):
+    """No rank for the first `empty_polls` polls, as while a job imports torch;
+    then the hung tp=2 pp=4 job."""
+
+    def __init__(self, empty_polls: int) -> None:
+        super().__init__(rank6_never_reached())
+        self.polls, self.empty_polls = 0, empty_polls
+
+    def snapshot(self) -> Snapshot:
+        self.polls += 1
+        if self.polls <= self.empty_polls:
+            return Snapshot(time.time(), self.fixed.run_dir, {})
+        return self.fixed
+
+
+@pytest.mark.anyio
+async def test_before_the_first_rank_it_says_it_waits_not_that_no_rank_matches():
+    source = StartingSource(empty_polls=10**6)
+    app = DiagApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        text = screen_text(app)
+        assert "waiting for the job's ranks to start (0 s)" in text
+        assert "no rank matches" not in text and "0 ranks" not in text
+        source.empty_polls = 0
+        await pilot.pause(0.4)
+        assert "▸rank 6  CULPRIT" in screen_text(app)
+
+
+@pytest.mark.anyio
+async def test_a_command_that_ends_before_any_rank_is_said_so():
+    ended = Snapshot(time.time(), "/runs/none", {}, command_exit=1)
+    app = DiagApp(SyntheticSource(ended))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        assert "the command exited 1 before any rank started" in screen_text(app)
+
+
+SERVING = "INFO engine: serving tiny-llama (tp=2 pp=4) on http://127.0.0.1:8000"
+
+
+@pytest.mark.anyio
+async def test_the_output_pane_shows_the_command_output_and_the_status_its_server(tmp_path):
+    (tmp_path / "output.log").write_text(f"loading weights\n{SERVING}\n")
+    app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        pane = app.query_one(OutputPane)
+        text = screen_text(app)
+        assert pane.display and "command output (output.log)" in text and SERVING in text
+        assert "server at http://127.0.0.1:8000" in text
+        with open(tmp_path / "output.log", "a") as log:
+            log.write("'hi' -> 'hello there'\n")
+        await pilot.pause(0.4)
+        assert "'hi' -> 'hello there'" in screen_text(app)
+        await pilot.press("o")
+        assert not pane.display and SERVING not in screen_text(app)
+        assert "server at http://127.0.0.1:8000" in screen_text(app)  # the status keeps it
+        await pilot.press("o")
+        assert pane.display
+
+
+@pytest.mark.anyio
+async def test_no_output_pane_without_the_command_output():
+    app = DiagApp(SyntheticSource(rank6_never_reached("/no/such/run")))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await started(app, pilot)
+        assert not app.query_one(OutputPane).display
+        await pilot.press("o")
+        assert any("no output of the command" in n.message for n in app._notifications)
