@@ -80,10 +80,14 @@ async def test_the_output_pane_shows_the_command_output_and_the_status_its_serve
 
 
 @pytest.mark.anyio
-async def test_no_output_pane_without_the_command_output():
-    app = DiagApp(SyntheticSource(rank6_never_reached("/no/such/run")))
+@pytest.mark.parametrize("output, says", [(None, "the run dir has no output of the command"),
+                                          ("", "the command has printed nothing yet")])
+async def test_no_output_pane_before_the_command_printed_anything(tmp_path, output, says):
+    if output is not None:
+        (tmp_path / "output.log").write_text(output)
+    app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await started(app, pilot)
         assert not app.query_one(OutputPane).display
         await pilot.press("o")
-        assert any("no output of the command" in n.message for n in app._notifications)
+        assert any(says in n.message for n in app._notifications)

@@ -220,6 +220,8 @@ class DiagApp(App):
         pane = self.query_one(OutputPane)
         if pane.tail is None or pane.tail.name is None:
             self.notify("the run dir has no output of the command (diag launch writes it)")
+        elif not pane.tail.lines:
+            self.notify("the command has printed nothing yet")
         else:
             pane.hidden = not pane.hidden
 

@@ -12,7 +12,7 @@ from tui.log_files import LogTail
 
 
 class OutputPane(VerticalScroll):
-    """Shown while the run dir has the command's output and `o` has not hidden it."""
+    """Shown once the command has printed something, unless `o` hid it."""
 
     tail: reactive[LogTail | None] = reactive(None)
     hidden: reactive[bool] = reactive(False)
@@ -22,10 +22,10 @@ class OutputPane(VerticalScroll):
 
     def watch_tail(self, old: LogTail | None, new: LogTail | None) -> None:
         self.display = self.shown
-        if new is None or new.name is None or new == old:
+        if new is None or not new.lines:
             return
         self.border_title = f"command output ({new.name})"
-        self.query_one("#output-text", Static).update(Text("\n".join(new.lines) or "nothing yet"))
+        self.query_one("#output-text", Static).update(Text("\n".join(new.lines)))
         self.call_after_refresh(self.scroll_end, animate=False)
 
     def watch_hidden(self) -> None:
@@ -33,4 +33,4 @@ class OutputPane(VerticalScroll):
 
     @property
     def shown(self) -> bool:
-        return not self.hidden and self.tail is not None and self.tail.name is not None
+        return not self.hidden and self.tail is not None and bool(self.tail.lines)

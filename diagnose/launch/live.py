@@ -153,9 +153,10 @@ def _print_after_tui(launcher: Launcher) -> None:
     running = launcher.proc.poll() is None
     if not running and launcher.snapshot is not None and nothing_probed(launcher.snapshot):
         return  # print_outcome says how it ended, with these lines
-    print(f"diag: the command's last lines (all of its output: {launcher.output.path}):",
-          file=sys.stderr)
-    _print_lines(launcher.output.last_lines())
+    if launcher.output.last_lines():
+        print(f"diag: the command's last lines (all of its output: {launcher.output.path}):",
+              file=sys.stderr)
+        _print_lines(launcher.output.last_lines())
     if launcher.output.servers and running and not launcher.stopping:
         print(f"diag: the command runs on; its server: {', '.join(launcher.output.servers)}",
               file=sys.stderr)
