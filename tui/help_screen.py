@@ -19,6 +19,7 @@ class HelpScreen(ModalScreen[None]):
     neighbouring bindings that say the same share a line."""
 
     BINDINGS = [Binding(f"escape,q,{HELP_KEYS}", "dismiss", "Close")]
+    COMPONENT_CLASSES = {"help-screen--section", "help-screen--keys"}
 
     def __init__(self, sections: list[tuple[str, list[Binding]]]) -> None:
         super().__init__()
@@ -34,10 +35,11 @@ class HelpScreen(ModalScreen[None]):
 
     def keys_table(self) -> Table:
         table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
-        table.add_column(no_wrap=True, style="bold")
+        table.add_column(no_wrap=True, style=self.get_component_rich_style("help-screen--keys", partial=True))
         table.add_column()
+        section = self.get_component_rich_style("help-screen--section", partial=True)
         for title, bindings in self.sections:
-            table.add_row(Text(title, style="underline"), "")
+            table.add_row(Text(title, style=section), "")
             for keys, says in self.lines(bindings):
                 table.add_row(f"  {keys}", says)
         return table
