@@ -34,10 +34,11 @@ class HelpScreen(ModalScreen[None]):
         panel.border_subtitle = "esc, q or ? closes"
 
     def keys_table(self) -> Table:
-        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
-        table.add_column(no_wrap=True, style=self.get_component_rich_style("help-screen--keys", partial=True))
-        table.add_column()
+        keys = self.get_component_rich_style("help-screen--keys", partial=True)
         section = self.get_component_rich_style("help-screen--section", partial=True)
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
+        table.add_column(no_wrap=True, style=keys)
+        table.add_column()
         for title, bindings in self.sections:
             table.add_row(Text(title, style=section), "")
             for keys, says in self.lines(bindings):
