@@ -34,13 +34,13 @@ class HelpScreen(ModalScreen[None]):
         panel.border_subtitle = "esc, q or ? closes"
 
     def keys_table(self) -> Table:
-        keys = self.get_component_rich_style("help-screen--keys", partial=True)
-        section = self.get_component_rich_style("help-screen--section", partial=True)
+        key_style = self.get_component_rich_style("help-screen--keys", partial=True)
+        section_style = self.get_component_rich_style("help-screen--section", partial=True)
         table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
-        table.add_column(no_wrap=True, style=keys)
+        table.add_column(no_wrap=True, style=key_style)
         table.add_column()
         for title, bindings in self.sections:
-            table.add_row(Text(title, style=section), "")
+            table.add_row(Text(title, style=section_style), "")
             for keys, says in self.lines(bindings):
                 table.add_row(f"  {keys}", says)
         return table
