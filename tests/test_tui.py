@@ -19,7 +19,8 @@ from diagnose.analysis import analyze
 from diagnose.core.snapshot import Snapshot, Verdict
 from synthetic import OP_S, Job
 from diagnose.launch.rundir import open_run as open_run_dir
-from tui.app import POLL_INTERVAL_S, DiagApp, read_log_tail
+from tui.app import POLL_INTERVAL_S, DiagApp
+from tui.log_files import read_log_tail
 from tui.grid_model import CULPRIT, DEAD, IDLE, RUNNING, WAITING, build_grid, move
 from tui.quit_screen import QuitScreen
 from tui.rank_detail import RankDetail
@@ -242,9 +243,9 @@ async def test_keys_move_selection_and_show_the_log(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         grid = app.query_one(RankGrid)
-        await pilot.press("l")
+        await pilot.press("right")
         assert grid.selected == 7
-        await pilot.press("k", "h")
+        await pilot.press("up", "left")
         assert grid.selected == 4
         await pilot.press("down", "right")
         assert grid.selected == 7
@@ -347,7 +348,7 @@ async def test_a_blocked_read_never_blocks_the_screen():
             await started(app, pilot)
             await pilot.pause(4 * POLL_INTERVAL_S)
             assert source.reads == 2  # one read in flight at a time, no pile-up
-            await pilot.press("l")
+            await pilot.press("right")
             assert app.query_one(RankGrid).selected == 7
             assert "rank 7 · stage 3 · tp 1 · WAITING" in screen_text(app)
     finally:
@@ -430,7 +431,7 @@ async def test_live_run_dir_dump_py_spy_and_log(probed_run):
         assert "wait_for_work" in screen_text(app)
         await until(pilot, lambda: "log (rank-0.log)" in screen_text(app))
         assert "ready" in screen_text(app)
-        await pilot.press("l", "s")
+        await pilot.press("right", "s")
         await until(pilot, lambda: "stack (py-spy)" in screen_text(app))
         text = screen_text(app)
         assert "rank 1 · stage 0 · tp 1" in text and "wait_for_work" in text

@@ -63,6 +63,15 @@ class Mention(Name):
     VICTIMS = "victims"
 
 
+class RankStatus(Name):
+    """A rank at a glance, as the report's rank table and the TUI's grid say it."""
+    CULPRIT = "culprit"
+    VICTIM = "victim"      # waits on a culprit
+    DEAD = "dead"          # gone without the probe's mark of a normal end
+    EXITED = "exited"      # ended normally (its probe entered Phase.EXIT last)
+    RUNNING = "running"
+
+
 class Role(Name):
     WORKER = "worker"      # a TP x PP rank of the engine
     DRIVER = "driver"      # the engine's scheduler process, not a rank

@@ -20,6 +20,7 @@ import sysconfig
 from dataclasses import replace
 
 from diagnose.core import runfile
+from diagnose.core.output import OUTPUT_LOG
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.offline import report
@@ -179,7 +180,7 @@ def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
 
 def _read_output(run_dir: str) -> str:
     try:
-        with open(os.path.join(run_dir, "output.log"), "rb") as log:
+        with open(os.path.join(run_dir, OUTPUT_LOG), "rb") as log:
             return log.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""

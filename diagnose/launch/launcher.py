@@ -34,6 +34,7 @@ from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
 from diagnose.launch.job import end_job, job_processes, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
+from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
@@ -60,7 +61,8 @@ class LaunchOptions:
     faults: list[faults.FaultSpec] = field(default_factory=list)
     json_report: str | None = None
     marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
-    echo_output: bool = True            # copy the command's output to our stderr
+    echo_output: bool = True            # copy the command's output to our stderr (at first:
+                                        # the live view and the TUI change Launcher.output.echo)
     nnodes: int = 1                     # multi-node: the head listens, the others report to it
     node_rank: int = 0
     listen: str | None = None           # the head: HOST:PORT its agents report to
@@ -101,6 +103,7 @@ class Launcher:
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
+        self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
         self.proc: subprocess.Popen | None = None
         self.guardian: Guardian | None = None
         self.reported: set[tuple] = set()
@@ -117,28 +120,17 @@ class Launcher:
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
-        log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
         try:
             self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_end_with_launcher)
         except OSError as error:
-            log.close()
             raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
         self.guardian.watch(self.proc.pid)
-        threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
+        self.output.follow(self.proc.stdout)
         self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
                                          "started_at": time.time(), **_options_json(self.opts)})
-
-    def _copy_output(self, log) -> None:
-        with log:
-            for line in iter(self.proc.stdout.readline, b""):
-                log.write(line)
-                log.flush()
-                if self.opts.echo_output:
-                    sys.stderr.buffer.write(line)
-                    sys.stderr.flush()
 
     def stop(self) -> None:
         """End the command and every process of its job, gracefully first."""
@@ -147,6 +139,7 @@ class Launcher:
         self.shm.sample([process.pid for process in self._job()])
         end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
+        self.output.finish()
         self._remove_shared_memory()
 
     def _job(self) -> list[psutil.Process]:
@@ -221,10 +214,10 @@ class Launcher:
     def _on_hangs(self) -> Outcome | None:
         """Dumps and reports new hangs; the outcome once they end the run."""
         fresh = [v for v in self.verdicts
-                 if v.kind in HANG_KINDS and _hang_key(v) not in self.reported]
+                 if v.kind in HANG_KINDS and verdict_key(v) not in self.reported]
         if not fresh or self._ends_soon():
             return None
-        self.reported.update(map(_hang_key, fresh))
+        self.reported.update(map(verdict_key, fresh))
         if self.opts.on_hang == "wait" or not self.role.judges:
             return None
         self.write_report(dump=True)
@@ -259,6 +252,10 @@ class Launcher:
                     ranks=[rank for rank, state in now.ranks.items() if state.alive])
 
     # -- the TUI's controller, signals, and the head ----------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_stop(self, exit_code: int = EXIT_STOPPED, by: str = "tui") -> None:
         if not self._stop.is_set():
             self.stop_code, self.stopped_by = exit_code, by
@@ -326,7 +323,8 @@ class Launcher:
             json.dump(body, f, indent=1, default=str)
 
 
-def _hang_key(verdict: Verdict) -> tuple:
+def verdict_key(verdict: Verdict) -> tuple:
+    """One verdict however long it lasts: its summary's "for N s" grows, this does not."""
     return verdict.kind, tuple(verdict.culprit_ranks)
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
-from diagnose.core.vocab import Mention
+from diagnose.core.vocab import Mention, RankStatus
 
 CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
@@ -26,7 +26,7 @@ CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA er
 class RankRow:
     rank: int
     stage: str              # "3/0" (pp rank/tp rank), or "" outside a TP x PP layout
-    state: str              # culprit, victim, dead, running
+    state: RankStatus
     phase: str | None
     step: int | None
     heartbeat_age_s: float
@@ -43,12 +43,19 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict]) -> list[RankRow]:
         steps = [event.step for event in state.open_phases + state.phases if event.step is not None]
         rows.append(RankRow(
             rank=rank, stage=_stage(state),
-            state=("culprit" if rank in culprits else "dead" if not state.alive
-                   else "victim" if rank in victims else "running"),
+            state=_status(rank, state, culprits, victims),
             phase=phase.name if phase else None, step=max(steps) if steps else None,
             heartbeat_age_s=round(max(0.0, snapshot.taken_at - state.heartbeat_at), 3),
             last_collective=_last_collective(state), frame=state.frame))
     return rows
+
+
+def _status(rank: int, state: RankState, culprits: set[int], victims: set[int]) -> RankStatus:
+    if rank in culprits:
+        return RankStatus.CULPRIT
+    if not state.alive:
+        return RankStatus.EXITED if state.ended_normally else RankStatus.DEAD
+    return RankStatus.VICTIM if rank in victims else RankStatus.RUNNING
 
 
 def to_json(snapshot: Snapshot, verdicts: list[Verdict]) -> dict:
@@ -102,7 +109,8 @@ def _rank_table(rows: list[RankRow]) -> Table:
         flexible = headers[index] == "frame"          # the one column that gives way
         table.add_column(headers[index], no_wrap=True, overflow="ellipsis",
                          ratio=1 if flexible else None)
-    styles = {"culprit": CULPRIT_STYLE, "victim": VICTIM_STYLE, "dead": "red"}
+    styles = {RankStatus.CULPRIT: CULPRIT_STYLE, RankStatus.VICTIM: VICTIM_STYLE,
+              RankStatus.DEAD: "red", RankStatus.EXITED: "dim"}
     for row, cell in zip(rows, cells):
         table.add_row(*[cell[index] or "-" for index in shown], style=styles.get(row.state))
     return table
