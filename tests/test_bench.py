@@ -1,5 +1,6 @@
-"""python -m engine bench on tiny-llama: the sweep's table, JSON and plot (or the note
-that matplotlib is missing), and one-line errors for bad flags."""
+"""python -m engine bench on tiny-llama: the sweep's line per run, table, JSON (printed
+and written) and plot (or the note that matplotlib is missing), and one-line errors for
+bad flags."""
 import importlib.util
 import json
 import subprocess
@@ -15,16 +16,24 @@ def bench(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_sweep_prints_table_and_writes_json_and_plot(tmp_path):
+def test_sweep_prints_each_run_then_the_json_and_writes_it_and_the_plot(tmp_path):
     json_path, png_path = tmp_path / "sweep.json", tmp_path / "sweep.png"
     result = bench("--num-prompts", str(NUM_PROMPTS), "--input-len", "24", "--output-len", str(OUTPUT_LEN),
-                   "--sweep", "max-num-batched-tokens=16,64", "--json", str(json_path),
+                   "--sweep", "max-num-batched-tokens=16,64", "--json", "-o", str(json_path),
                    "--plot", str(png_path))
     assert result.returncode == 0, result.stderr
-    assert "engine bench" in result.stdout and "max-num-batched-tokens" in result.stdout
-    assert "p50 latency" in result.stdout and "█" in result.stdout
+    # --json: stdout is the JSON alone; the table goes to stderr, after a line per run
+    assert json.loads(result.stdout) == json.loads(json_path.read_text())
+    runs = [line for line in result.stderr.splitlines() if line.startswith("run ")]
+    assert [line.partition(":")[0] for line in runs] == [
+        "run 1/2, max-num-batched-tokens=16", "run 2/2, max-num-batched-tokens=64"]
+    assert all("req/s" in line and "ITL ms p50/p90/p99" in line for line in runs)
+    assert "engine bench" in result.stderr and "max-num-batched-tokens" in result.stderr
+    assert "p50 latency" in result.stderr and "█" in result.stderr
+    assert result.stderr.index(runs[-1]) < result.stderr.index("engine bench")
 
     report = json.loads(json_path.read_text())
+    assert report["schema_version"] == 1
     assert report["sweep"] == "max-num-batched-tokens=16,64"
     assert report["workload"]["num_prompts"] == NUM_PROMPTS
     assert [r["label"] for r in report["results"]] == ["16", "64"]
@@ -47,6 +56,7 @@ def test_sweep_prints_table_and_writes_json_and_plot(tmp_path):
     (["--sweep", "max-num-seqs=1,many"], "the values must be integers"),
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
     (["--sweep", "max-num-seqs=4,0"], "--max-num-seqs must be at least 1, got 0"),
+    (["-o", "/nonexistent/dir/out.json"], "-o /nonexistent/dir/out.json: No such file or directory"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message):
     result = bench(*argv, timeout=60)
