@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from engine.__main__ import parse
+from engine.bench import bench_main
+
 NUM_PROMPTS, OUTPUT_LEN = 4, 4
 
 
@@ -56,10 +59,15 @@ def test_sweep_prints_each_run_then_the_json_and_writes_it_and_the_plot(tmp_path
     (["--sweep", "max-num-seqs=1,many"], "the values must be integers"),
     (["--num-prompts", "0"], "--num-prompts must be at least 1"),
     (["--sweep", "max-num-seqs=4,0"], "--max-num-seqs must be at least 1, got 0"),
-    (["-o", "/nonexistent/dir/out.json"], "-o /nonexistent/dir/out.json: No such file or directory"),
 ])
 def test_bad_flags_are_one_line_errors(argv, message):
     result = bench(*argv, timeout=60)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_a_bad_output_path_fails_before_any_run(tmp_path):
+    path = tmp_path / "missing" / "out.json"
+    with pytest.raises(ValueError, match=f"^-o {path}: No such file or directory$"):
+        bench_main(parse(["bench", "--model", "tiny-llama", "-o", str(path)]))
