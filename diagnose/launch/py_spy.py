@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from diagnose.probe.stacks import frame_label
+from diagnose.core.frames import frame_label
 
 
 @dataclass

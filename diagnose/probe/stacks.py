@@ -8,12 +8,7 @@ import sys
 import threading
 import time
 
-
-def frame_label(filename: str, lineno: int, function: str) -> str:
-    """The last directory and the file name keep labels short but unambiguous."""
-    parent, name = os.path.split(filename)
-    short = f"{os.path.basename(parent)}/{name}" if parent else name
-    return f"{short}:{lineno} {function}"
+from diagnose.core.frames import frame_label
 
 
 def frames_of(frame) -> list[str]:
