@@ -16,6 +16,7 @@ from collections import deque
 
 from diagnose.core import runfile
 from diagnose.core.frames import frame_label
+from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import DeviceWork
 from diagnose.core.vocab import STEP_PHASES, Phase
 from diagnose.probe import faults, stacks
@@ -110,7 +111,7 @@ class Recorder:
         path = os.path.join(self.run_dir, runfile.error_file_name(self.rank))
         try:
             with open(path, "w") as sink:
-                json.dump(body, sink)
+                json.dump(stamped(Document.ERROR, body), sink)
         except OSError:
             pass
 
