@@ -10,10 +10,11 @@ from diagnose.core.snapshot import RankState, Snapshot, Verdict
 from diagnose.core.vocab import Phase
 from diagnose.offline.report import RankRow, rank_rows
 
-CULPRIT, DEAD, WAITING, RUNNING, IDLE = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE"
-STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE)
+CULPRIT, DEAD, WAITING, RUNNING, IDLE, ENDED = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE", "ENDED"
+STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE, ENDED)
 NAMED_STATES = (CULPRIT, DEAD)  # grouped lines list these ranks by number
-REPORT_WORDS = {"culprit": CULPRIT, "dead": DEAD, "victim": WAITING, "running": RUNNING}
+REPORT_WORDS = {"culprit": CULPRIT, "dead": DEAD, "victim": WAITING, "running": RUNNING,
+                "ended": ENDED}
 IDLE_PHASES = (None, Phase.DEQUEUE)  # a running rank here waits for work, not on a peer
 
 GROUP_AT = 64

@@ -44,7 +44,8 @@ class RankGrid(Widget, can_focus=True):
     ]
     COMPONENT_CLASSES = {
         "rank-grid--culprit", "rank-grid--dead", "rank-grid--waiting",
-        "rank-grid--running", "rank-grid--idle", "rank-grid--selected", "rank-grid--stage",
+        "rank-grid--running", "rank-grid--idle", "rank-grid--ended", "rank-grid--selected",
+        "rank-grid--stage",
     }
 
     model: reactive[GridModel | None] = reactive(None, layout=True)  # its height follows the ranks

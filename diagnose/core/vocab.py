@@ -57,6 +57,17 @@ class VerdictKind(Name):
 HANG_KINDS = frozenset(VerdictKind) - {VerdictKind.STRAGGLER}
 
 
+class RankStatus(Name):
+    """What the rank table and the TUI call a rank, from the verdicts and whether
+    its process runs."""
+    CULPRIT = "culprit"
+    VICTIM = "victim"      # waits on a culprit (as the job stood when it was judged)
+    DEAD = "dead"          # a death verdict names it: it died, abnormally
+    ENDED = "ended"        # its process is gone, and no verdict calls that a death: it
+                           # exited, diag stopped it, or the job ended after the hang
+    RUNNING = "running"
+
+
 class Mention(Name):
     """Whom a stretch of a verdict's sentence names."""
     CULPRIT = "culprit"
