@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_RANK_SET = 1 << 20      # ranks one rank set may name: "0-99999999999" is a typo
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -58,3 +60,20 @@ def rank_list(ranks, driver: bool = False) -> str:
     if driver:
         runs.append("the driver")
     return runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
+
+
+def parse_rank_set(text: str) -> set[int]:
+    """"0-3,6" -> {0, 1, 2, 3, 6}; ValueError naming the part that is no rank
+    or range."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part.strip()!r} is no rank or range (like 0-3)")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"{part.strip()!r} is a range that goes down")
+        if high - low + len(ranks) >= MAX_RANK_SET:
+            raise ValueError(f"{text!r} names over {MAX_RANK_SET} ranks")
+        ranks.update(range(low, high + 1))
+    return ranks

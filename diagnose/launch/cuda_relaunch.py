@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from diagnose.core import runfile
 from diagnose.core.frames import faulthandler_threads, frame_label
+from diagnose.core.schema import Document, read_version
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.offline import report
@@ -86,7 +87,7 @@ def failed_kernel(output: str, site: dict) -> str | None:
 def _exception_frames(run_dir: str, rank: int) -> tuple[str, list[Frame]] | None:
     try:
         with open(os.path.join(run_dir, runfile.error_file_name(rank))) as source:
-            body = json.load(source)
+            body = read_version(Document.ERROR, json.load(source))
         return body["error"], [(file, int(line), name, code)
                                for file, line, name, code in body["frames"]]
     except (OSError, ValueError, KeyError, TypeError):
@@ -155,7 +156,7 @@ def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
     if rank is None:
         return None
     opts = replace(launcher.opts, run_dir=os.path.join(launcher.opts.run_dir, "blocking"),
-                   launch_blocking=str(rank), json_report=None)
+                   launch_blocking=str(rank), output=None)
     outcome = Launcher(opts).run()
     blocking_output = _read_output(opts.run_dir)
     blocking = error_site(opts.run_dir, rank, blocking_output)

@@ -43,6 +43,7 @@ from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapsh
 from diagnose.core.vocab import Role
 from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
 from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
+from diagnose.offline.torch_debug import is_debug_file
 
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
@@ -105,8 +106,11 @@ def _unpickle(name: str, source) -> object:
 
 
 def looks_like_fr_dir(path: str) -> bool:
-    """True if the directory holds a file that starts like a pickle."""
+    """True if the directory holds a file that starts like a pickle (and is not
+    one of torch.distributed.debug's text dumps)."""
     for name in _files(path):
+        if is_debug_file(name):
+            continue
         try:
             with open(os.path.join(path, name), "rb") as source:
                 if source.read(1) == PICKLE_PROTOCOL_MARK:
@@ -163,14 +167,16 @@ def _dump_files(path: str, prefix: str | None, notes: list[str]) -> list[tuple[s
     prefix the digits after it in names that have it."""
     found = []
     for name in _files(path):
+        if is_debug_file(name):
+            continue                     # torch.distributed.debug's text, read by torch_debug
         if prefix is None:
             match = RANK_IN_NAME.search(name)
             digits = match.group(1) if match else ""
         else:
             at = name.find(prefix)
-            digits = name[at + len(prefix):] if at >= 0 else None
-            if digits is None:
-                continue                 # not a dump of this prefix: torchfrtrace's reading
+            digits = name[at + len(prefix):] if at >= 0 else ""
+            if not digits.isdigit():
+                continue                 # not PREFIX<rank>: no dump of this prefix
         if not digits.isdigit() or len(digits) > 9:
             notes.append(f"{name}: no rank number at the end of the name, skipped")
             continue
