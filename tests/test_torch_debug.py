@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from diagnose import cli
-from diagnose.offline.torch_debug import DebugDumpError, read_debug_dir
+from diagnose.offline.torch_debug import read_debug_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 DEBUG = os.path.join(FIXTURES, "torch_debug")
