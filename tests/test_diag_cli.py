@@ -136,3 +136,10 @@ def test_version_in_a_checkout_never_installed_is_pyprojects(monkeypatch):
     assert version.package_version() == f"{declared} (source checkout at {version.CHECKOUT})"
     monkeypatch.setattr(version, "CHECKOUT", "/nonexistent")
     assert version.package_version().startswith("unknown")
+
+
+def test_launch_output_keeps_its_old_name_hidden():
+    parser = cli.build_parser()
+    for flag in ("-o", "--output", "--json-report"):
+        assert parser.parse_args(["launch", flag, "r.json", "--", "true"]).output == "r.json"
+    assert "--json-report" not in subcommands()["launch"].format_help()

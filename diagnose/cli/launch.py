@@ -68,7 +68,7 @@ def _launch_options(parser) -> None:
            "skip_collective|skip_broadcast (repeatable)")
     a("-o", "--output", metavar="FILE",
       help="also write the report's JSON (report.json, docs/json.md) to FILE")
-    a("--json-report", dest="output", help=argparse.SUPPRESS)   # its name before 0.2
+    a("--json-report", dest="output", help=argparse.SUPPRESS)   # -o's name before, kept for scripts
     a("--mark", action="append", default=[], metavar="MODULE:NAME[=PHASE]",
       type=flag_value("--mark", parse_mark),
       help="make calls of this function a phase, e.g. "
