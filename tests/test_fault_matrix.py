@@ -28,7 +28,7 @@ def launch(tmp_path, fault: str | None, engine_args: list[str], timeout: int = 2
     run_dir = str(tmp_path / "run")
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-           "--run-dir", run_dir, "--json-report", str(report)]
+           "--run-dir", run_dir, "-o", str(report)]
     cmd += ["--fault", fault] if fault else []
     proc = subprocess.run(cmd + ["--", *ENGINE, *engine_args], capture_output=True, text=True,
                           timeout=timeout)

@@ -13,10 +13,11 @@ from diagnose.offline.report import RankRow, rank_rows
 
 CULPRIT, DEAD, WAITING, RUNNING, IDLE = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE"
 EXITED = "EXITED"   # ended normally
-STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE, EXITED)
+ENDED = "ENDED"     # gone, with no normal end and no death to blame (stopped)
+STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE, EXITED, ENDED)
 NAMED_STATES = (CULPRIT, DEAD)  # grouped lines list these ranks by number
 REPORT_WORDS = {RankStatus.CULPRIT: CULPRIT, RankStatus.DEAD: DEAD, RankStatus.VICTIM: WAITING,
-                RankStatus.RUNNING: RUNNING, RankStatus.EXITED: EXITED}
+                RankStatus.RUNNING: RUNNING, RankStatus.EXITED: EXITED, RankStatus.ENDED: ENDED}
 IDLE_PHASES = (None, Phase.DEQUEUE)  # a running rank here waits for work, not on a peer
 
 GROUP_AT = 64

@@ -46,7 +46,8 @@ class RankGrid(Widget, can_focus=True):
     ]
     COMPONENT_CLASSES = {
         "rank-grid--culprit", "rank-grid--dead", "rank-grid--waiting", "rank-grid--running",
-        "rank-grid--idle", "rank-grid--exited", "rank-grid--selected", "rank-grid--stage",
+        "rank-grid--idle", "rank-grid--exited", "rank-grid--ended", "rank-grid--selected",
+        "rank-grid--stage",
     }
 
     model: reactive[GridModel | None] = reactive(None, layout=True)  # its height follows the ranks

@@ -26,10 +26,12 @@ import psutil
 
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
+from diagnose.core import schema
+from diagnose.core.schema import Document
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS
 from diagnose.launch import claim
-from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
+from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
 from diagnose.launch.job import end_job, job_processes, shell_code
@@ -59,7 +61,7 @@ class LaunchOptions:
     launch_blocking: str | None = None  # "all" or "0,3"
     nccl_debug: str | None = None
     faults: list[faults.FaultSpec] = field(default_factory=list)
-    json_report: str | None = None
+    output: str | None = None           # -o: a copy of report.json
     marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
     echo_output: bool = True            # copy the command's output to our stderr (at first:
                                         # the live view and the TUI change Launcher.output.echo)
@@ -129,8 +131,8 @@ class Launcher:
             raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
         self.guardian.watch(self.proc.pid)
         self.output.follow(self.proc.stdout)
-        self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
-                                         "started_at": time.time(), **_options_json(self.opts)})
+        self._write_json(Document.LAUNCH, {"command": self.opts.command, "pid": self.proc.pid,
+                                           "started_at": time.time(), **_options_json(self.opts)})
 
     def stop(self) -> None:
         """End the command and every process of its job, gracefully first."""
@@ -239,9 +241,9 @@ class Launcher:
         stop = self._stop_record() if stopped_by else None
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
-        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode,
-                                     "stopped_by": stopped_by,
-                                     "stop": None if stop is None else asdict(stop)})
+        self._write_json(Document.EXIT, {"command_exit": self.proc.returncode,
+                                         "stopped_by": stopped_by,
+                                         "stop": None if stop is None else asdict(stop)})
         if stopped_by:
             self.add_to_report(command_exit=self.proc.returncode, stopped_by=stopped_by)
         return Outcome(exit_code, self.verdicts, self.report_path)
@@ -281,7 +283,7 @@ class Launcher:
     # -- dumps and the report -------------------------------------------
     @property
     def report_path(self) -> str:
-        return os.path.join(self.opts.run_dir, "report.json")
+        return os.path.join(self.opts.run_dir, Document.REPORT)
 
     def write_report(self, dump: bool) -> dict:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
@@ -298,29 +300,28 @@ class Launcher:
             notes += spy_notes
         body["notes"] = self.notes = notes
         body["command_exit"] = self.snapshot.command_exit
-        self._write_json("report.json", body)
-        if self.opts.json_report:
-            with open(self.opts.json_report, "w") as f:
-                json.dump(body, f, indent=1, default=str)
+        self._write_report(body)
         return body
 
     def add_to_report(self, **sections) -> None:
         """More sections in the report already written."""
         with open(self.report_path) as f:
-            body = json.load(f)
-        body.update(sections)
-        self._write_json("report.json", body)
-        if self.opts.json_report:
-            with open(self.opts.json_report, "w") as f:
-                json.dump(body, f, indent=1, default=str)
+            body = schema.read_version(Document.REPORT, json.load(f))
+        self._write_report(body | sections)
+
+    def _write_report(self, body: dict) -> None:
+        self._write_json(Document.REPORT, body)
+        if self.opts.output:
+            with open(self.opts.output, "w") as f:
+                json.dump(schema.stamped(Document.REPORT, body), f, indent=1, default=str)
 
     @staticmethod
     def _stacks(snapshot: Snapshot) -> dict:
         return {str(rank): state.stacks for rank, state in snapshot.ranks.items() if state.stacks}
 
-    def _write_json(self, name: str, body: dict) -> None:
-        with open(os.path.join(self.opts.run_dir, name), "w") as f:
-            json.dump(body, f, indent=1, default=str)
+    def _write_json(self, document: Document, body: dict) -> None:
+        with open(os.path.join(self.opts.run_dir, str(document)), "w") as f:
+            json.dump(schema.stamped(document, body), f, indent=1, default=str)
 
 
 def verdict_key(verdict: Verdict) -> tuple:
