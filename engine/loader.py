@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import progress
+from diagnose.core import progress
 from engine.layers import Shard
 from engine.model_config import NAMED_CONFIGS, ModelConfig, ModelError
 from engine.tokenizer import Tokenizer

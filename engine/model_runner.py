@@ -15,7 +15,7 @@ import torch
 
 from diagnose import probe
 from diagnose.core.vocab import Phase
-from engine import progress
+from diagnose.core import progress
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig

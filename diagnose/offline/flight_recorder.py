@@ -39,12 +39,14 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from diagnose.core import progress
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
 from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
 from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
 from diagnose.offline.torch_debug import is_debug_file
 
+BAR_FROM_DUMPS = 64        # fewer take well under a second
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
 MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
@@ -128,7 +130,11 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     dumps: dict[int, _Dump] = {}
     unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
     with _gc_paused():
-        for name, rank in _dump_files(path, prefix, notes):
+        files = _dump_files(path, prefix, notes)
+        if len(files) >= BAR_FROM_DUMPS:
+            files = progress.track(files, f"reading {len(files)} Flight Recorder dumps", "dumps",
+                                   lambda file: file[0], summary=False)
+        for name, rank in files:
             if rank in dumps:
                 notes.append(f"{name}: a second dump of rank {rank}, skipped")
                 continue
