@@ -112,7 +112,7 @@ def launch(case: FaultCase, out_dir: str, timeout: float) -> tuple[dict, str, di
     if os.path.exists(report_path):
         os.remove(report_path)
     cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-           "--run-dir", run_dir, "--json-report", report_path, "--fault", case.fault,
+           "--run-dir", run_dir, "-o", report_path, "--fault", case.fault,
            *case.flags, "--", *engine(case.tp, case.pp, case.eager)]
     start = time.time()
     try:
@@ -522,7 +522,7 @@ def multinode_case(out_dir: str, clock: Clock) -> dict:
     procs = []
     for node in (0, 1):
         flags = (["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",
-                  "--json-report", report_path] if node == 0 else
+                  "-o", report_path] if node == 0 else
                  ["--head", f"127.0.0.1:{listen}", "--fault", MULTINODE_FAULT])
         command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
                    os.path.join(WORK_DIR, f"multinode-{node}"), "--nnodes", "2",

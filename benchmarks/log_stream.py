@@ -121,7 +121,7 @@ def run_diag(path: str) -> dict:
             raise SystemExit(f"diag logs {path} exited {child.returncode}: "
                              f"{err.read()[-2000:].decode(errors='replace')}")
         out.seek(0)
-        findings = json.loads(out.read() or b"[]")
+        findings = json.loads(out.read())["findings"]
     size = os.path.getsize(path)
     return {"mb": round(size / MB, 1), "seconds": round(seconds, 2),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),

@@ -40,7 +40,8 @@ class Result:
 
 
 def start_server(model: str, flags: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", "0", *flags]
+    cmd = [sys.executable, "-m", "engine", "serve", model, "--host", "127.0.0.1", "--port", "0",
+           "--disable-uvicorn-access-log", *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
     line = proc.stdout.readline().decode()
     if not line.startswith("serving"):

@@ -2,7 +2,7 @@
 and every non-zero exit is a false alarm, and the aim is none.
 
     PYTHONPATH=. python benchmarks/stress_healthy.py [--jobs 200] [--gpu]
-        [--load both|on|off] [--only PREFIX] [--timeout 600] [--json FILE]
+        [--load both|on|off] [--only PREFIX] [--timeout 600] [--budget-s S] [--json FILE]
 
 The jobs cycle through these kinds:
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -154,13 +155,18 @@ class Load:
             proc.wait()
 
 
-def run_all(kinds: list[Kind], jobs: int, loads: list[bool], timeout_s: float) -> list[Result]:
+def run_all(kinds: list[Kind], jobs: int, loads: list[bool], timeout_s: float,
+            budget_s: float) -> list[Result]:
+    """Each load gets its share of the jobs and of the budget: no job starts past it."""
     root = tempfile.mkdtemp(prefix="stress-healthy-")
     results = []
     per_load = [jobs // len(loads) + (i < jobs % len(loads)) for i in range(len(loads))]
     for loaded, count in zip(loads, per_load):
+        ends = time.monotonic() + budget_s / len(loads)
         with Load() if loaded else nullcontext():
             for _ in range(count):
+                if time.monotonic() > ends:
+                    break
                 kind = kinds[len(results) % len(kinds)]
                 results.append(run_job(kind, loaded, root, len(results), timeout_s))
                 print(_progress(results[-1], len(results), jobs), file=sys.stderr, flush=True)
@@ -204,6 +210,8 @@ def main() -> int:
     parser.add_argument("--load", choices=["both", "on", "off"], default="both")
     parser.add_argument("--only", metavar="PREFIX", help="only the kinds whose name starts so")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--budget-s", type=float, default=math.inf,
+                        help="no job starts after this many seconds (split over the loads)")
     parser.add_argument("--json", help="default: benchmarks/results/stress_healthy_{cpu,gpu}.json")
     args = parser.parse_args()
     kinds = [kind for kind in (gpu_kinds() if args.gpu else cpu_kinds())
@@ -212,7 +220,7 @@ def main() -> int:
         parser.error(f"no kind starts with {args.only!r}")
     loads = {"both": [False, True], "on": [True], "off": [False]}[args.load]
     started = time.time()
-    results = run_all(kinds, args.jobs, loads, args.timeout)
+    results = run_all(kinds, args.jobs, loads, args.timeout, args.budget_s)
     rows = summarize(results)
     print_table(rows)
     failed = [asdict(result) for result in results if result.failed]

@@ -10,5 +10,5 @@
              reports, Perfetto traces, synthetic run dirs): no live process
 
 Arrows go one way: probe, analysis and offline import core only; launch may
-import all of them and the TUI; cli.py wires the commands together.
+import all of them and the TUI; cli/ wires the commands together.
 """

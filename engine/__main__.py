@@ -5,12 +5,25 @@ import argparse
 import json
 import signal
 import sys
+from importlib import metadata
 
 from engine.args import add_engine_args, config_from_args
 from engine.bench import add_bench_args
 from engine.executor import WorkerDiedError
 from engine.loader import ModelError
 from engine.node import NodeError, run_node
+from engine.vllm_flags import dashed, leftover_flags
+
+NO_MODEL = ("no model given: python -m engine serve MODEL, where MODEL is a HF model directory, "
+            "a .gguf file, smollm2-135m (the embedded real weights) or a named config with random "
+            "weights such as tiny-llama")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors in one line (no usage block), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -52,36 +65,93 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    try:
+        return metadata.version("hangscope")
+    except metadata.PackageNotFoundError:
+        return "(not installed: run from a checkout)"
+
+
+def _add_generate(sub) -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for prompts, offline")
     add_engine_args(gen)
-    gen.add_argument("--prompt", action="append", help="repeatable; not needed with --node-rank > 0")
-    gen.add_argument("--max-tokens", type=int, default=16)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--request-seed", type=int, default=None)
-    gen.add_argument("--stop", action="append")
-    gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    a = gen.add_argument
+    a("--prompt", action="append", help="repeatable; not needed with --node-rank > 0")
+    a("--max-tokens", type=int, default=16, help="tokens to generate per prompt at most")
+    a("--temperature", type=float, default=0.0, help="0: greedy")
+    a("--top-p", type=float, default=1.0, help="nucleus sampling: 1.0 is off")
+    a("--top-k", type=int, default=0, help="sample from the k likeliest tokens: 0 is off")
+    a("--request-seed", type=int, default=None, help="the requests' sampling seed")
+    a("--stop", action="append", help="a stop string (repeatable)")
+    a("--ignore-eos", action="store_true", help="go on past the end-of-sequence token")
+    a("--json", action="store_true", help="print one JSON object per prompt")
     gen.set_defaults(run=_generate)
-    srv = sub.add_parser("serve", help="serve the OpenAI API over HTTP")
-    add_engine_args(srv)
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000, help="0: any free port")
-    srv.add_argument("--served-model-name", help="the model name clients ask for (default: --model)")
+    return gen
+
+
+def _add_serve(sub) -> argparse.ArgumentParser:
+    srv = sub.add_parser("serve", help="serve the OpenAI API over HTTP",
+                         usage="python -m engine serve [MODEL] [options]")
+    add_engine_args(srv, positional_model=True)
+    a = srv.add_argument
+    a("--host", default=None, help="the address to listen on (default: every interface, 0.0.0.0, "
+                                  "as vLLM's; 127.0.0.1 for this machine only)")
+    a("--port", type=int, default=8000, help="0: any free port (default: %(default)s)")
+    a("--served-model-name", help="the model name clients ask for (default: MODEL)")
+    a("--headless", action="store_true",
+      help="run no API server on this node: a node other than the head (--node-rank 1 and up)")
+    a("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
+      help="no access log line per request (vLLM's name)")
     srv.set_defaults(run=_serve)
+    return srv
+
+
+def _add_bench(sub) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="offline throughput, TTFT and ITL, optionally swept over a flag")
     add_engine_args(bench)
     add_bench_args(bench)
     bench.set_defaults(run=_bench)
-    return parser
+    return bench
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = _Parser(prog="python -m engine", description="the inference engine: vLLM's flags, "
+                     "on CPU or GPU, tensor- and pipeline-parallel")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (hangscope) {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,bench}")
+    return parser, {"generate": _add_generate(sub), "serve": _add_serve(sub), "bench": _add_bench(sub)}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, vLLM's spellings included; bad usage exits 2 with one line."""
+    parser, commands = _parser()
+    known = {flag for command in commands.values() for action in command._actions
+             for flag in action.option_strings}
+    args, extras = parser.parse_known_args(dashed(argv, known))
+    command = commands[args.command]
+    vllm, unknown = leftover_flags(extras)
+    if unknown or (extras and not vllm):
+        command.error(f"unrecognized arguments: {' '.join(unknown or extras)}")
+    if vllm:
+        command.exit(2, f"{command.prog}: these vLLM flags are not supported here: {', '.join(vllm)}\n")
+    if args.command == "serve":
+        _check_serve(command, args)
+    return args
+
+
+def _check_serve(command: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.model_tag and args.model and args.model_tag != args.model:
+        command.error(f"two models given, {args.model_tag} and --model {args.model}: give one")
+    args.model = args.model_tag or args.model
+    if not args.model:
+        command.error(NO_MODEL)
+    if args.headless and args.node_rank == 0:
+        command.error("--headless is for the nodes that run no API server (--node-rank 1 and up); "
+                      "node 0 is the head, which serves the API")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         if args.node_rank > 0:  # headless: this node's ranks only, until the head is done

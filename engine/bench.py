@@ -6,11 +6,14 @@ token (TTFT) is from the start to the step that gave its first token, and its
 inter-token latencies (ITL) are the gaps between the steps that gave the next ones.
 
     python -m engine bench --model llama-3.2-1b --sweep max-num-batched-tokens=512,2048,8192 \\
-        --json sweep.json --plot sweep.png
+        -o sweep.json --plot sweep.png
+
+A sweep prints each run's row on stderr as the run ends, then the table of all.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -27,6 +30,8 @@ from engine.sampling_params import SamplingParams
 
 WARMUP_PROMPTS = 4
 BAR_WIDTH = 20
+SCHEMA_VERSION = 1      # of the JSON that --json prints and -o writes
+COLUMNS = ["req/s", "out tok/s", "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99"]
 
 
 @dataclass
@@ -144,17 +149,26 @@ def _title(text: str, sweep: str | None) -> str:
     return f"{text}, sweep of {_swept_flag(sweep)}" if sweep else text
 
 
+def _row(r: BenchResult) -> list[str]:
+    """The values of COLUMNS."""
+    return [f"{r.requests_per_s:.2f}", f"{r.output_tokens_per_s:.1f}", _fmt(r.ttft_ms), _fmt(r.itl_ms)]
+
+
 def print_table(results: list[BenchResult], sweep: str | None, console) -> None:
     from rich.table import Table
 
     table = Table(title=_title("engine bench", sweep))
-    for column in ["value" if sweep else "run", "req/s", "out tok/s", "TTFT ms p50/p90/p99",
-                   "ITL ms p50/p90/p99"]:
+    for column in ["value" if sweep else "run", *COLUMNS]:
         table.add_column(column, justify="right", no_wrap=True)
     for r in results:
-        table.add_row(r.label, f"{r.requests_per_s:.2f}", f"{r.output_tokens_per_s:.1f}",
-                      _fmt(r.ttft_ms), _fmt(r.itl_ms))
+        table.add_row(r.label, *_row(r))
     console.print(table)
+
+
+def run_line(result: BenchResult, index: int, runs: int, sweep: str, seconds: float) -> str:
+    """One sweep run's row, printed as it ends."""
+    cells = ", ".join(f"{column} {value}" for column, value in zip(COLUMNS, _row(result)))
+    return f"run {index}/{runs}, {_swept_flag(sweep)}={result.label}: {cells} ({seconds:.1f} s)"
 
 
 def print_terminal_plot(results: list[BenchResult], sweep: str | None, console) -> None:
@@ -208,21 +222,43 @@ def write_plot(results: list[BenchResult], sweep: str | None, path: str) -> bool
 def results_json(config: EngineConfig, workload: Workload, sweep: str | None,
                  results: list[BenchResult]) -> dict:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and config.device != "cpu" else "cpu"
-    return {"model": config.model, "device": device, "engine_config": dataclasses.asdict(config),
-            "workload": dataclasses.asdict(workload), "sweep": sweep,
-            "results": [dataclasses.asdict(r) for r in results]}
+    return {"schema_version": SCHEMA_VERSION, "model": config.model, "device": device,
+            "engine_config": dataclasses.asdict(config), "workload": dataclasses.asdict(workload),
+            "sweep": sweep, "results": [dataclasses.asdict(r) for r in results]}
 
 
 # -- command line -----------------------------------------------------------------------
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--num-prompts", type=int, default=32)
+    a("--num-prompts", type=int, default=32, help="requests, all arriving at once")
     a("--input-len", type=int, default=128, help="prompt tokens per request")
     a("--output-len", type=int, default=64, help="generated tokens per request (EOS ignored)")
     a("--sweep", metavar="FLAG=V1,V2,...", help="one run per value, e.g. max-num-batched-tokens=512,2048,8192")
-    a("--json", metavar="FILE", help="write the results as JSON")
+    a("--json", action="store_true", help="print the results as JSON on stdout (the table goes to stderr)")
+    a("-o", "--output", metavar="FILE", help="write the results as JSON to FILE")
     a("--plot", metavar="FILE.png", help="plot TTFT, ITL and throughput per run (needs matplotlib)")
+
+
+def _output(path: str | None):
+    if path is None:
+        return contextlib.nullcontext()
+    try:
+        return open(path, "w")
+    except OSError as error:
+        raise ValueError(f"-o {path}: {error.strerror}") from None
+
+
+def _run_all(runs: list[tuple[str, EngineConfig]], workload: Workload,
+             sweep: str | None) -> list[BenchResult]:
+    results = []
+    for index, (label, run_config) in enumerate(runs, 1):
+        started = time.perf_counter()
+        results.append(run_bench(run_config, workload, label))
+        if sweep:
+            print(run_line(results[-1], index, len(runs), sweep, time.perf_counter() - started),
+                  file=sys.stderr, flush=True)
+    return results
 
 
 def bench_main(args: argparse.Namespace) -> int:
@@ -235,15 +271,17 @@ def bench_main(args: argparse.Namespace) -> int:
     runs = sweep_configs(config, args.sweep)
     for _, run_config in runs:
         run_config.validate()
-    results = [run_bench(run_config, workload, label) for label, run_config in runs]
+    with _output(args.output) as output:   # opened first: a bad path fails before the runs
+        results = _run_all(runs, workload, args.sweep)
+        report = results_json(config, workload, args.sweep, results)
+        if output:
+            json.dump(report, output, indent=2)
 
-    console = Console()
+    console = Console(stderr=args.json)    # with --json, stdout carries only the JSON
     print_table(results, args.sweep, console)
     print_terminal_plot(results, args.sweep, console)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results_json(config, workload, args.sweep, results), f, indent=2)
-        console.print(f"wrote {args.json}")
+    if args.output:
+        console.print(f"wrote {args.output}")
     if args.plot:
         if write_plot(results, args.sweep, args.plot):
             console.print(f"wrote {args.plot}")
@@ -251,4 +289,6 @@ def bench_main(args: argparse.Namespace) -> int:
             print(f"note: matplotlib is not installed, so no plot was written to {args.plot} "
                   "(pip install matplotlib); the table and terminal plot above have the numbers",
                   file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
     return 0

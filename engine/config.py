@@ -17,7 +17,8 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int | None = None     # None: the model's own, capped at 4096
     num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int | None = None  # None: 1 GiB on CPU, free memory share on GPU
+    kv_cache_memory_bytes: int | None = None  # None: 1 GiB on CPU, gpu_memory_utilization on GPU
+    gpu_memory_utilization: float = 0.85  # the KV cache's share of the GPU memory left free by the weights
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_concurrent_batches: int | None = None  # None: pipeline_parallel_size, or 2 with async scheduling at pp=1
@@ -63,6 +64,9 @@ class EngineConfig:
         for flag, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("--gpu-memory-utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization:g}")
         if self.load_format not in ("auto", "dummy", "hf", "gguf"):
             raise ValueError(f"--load-format must be auto, dummy, hf or gguf, got {self.load_format!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -23,7 +23,6 @@ from engine.scheduler import Scheduler
 from engine.scheduler_output import SchedulerOutput
 
 CPU_KV_CACHE_BYTES = 1 << 30
-GPU_FREE_MEMORY_SHARE = 0.85
 
 
 def resolve_device(config: EngineConfig) -> tuple[str, torch.dtype]:
@@ -59,7 +58,7 @@ class EngineCore:
         else:
             free = [f for f in self.executor.collective_rpc("free_memory_bytes") if f is not None]
             budget = config.kv_cache_memory_bytes or (
-                int(min(free) * GPU_FREE_MEMORY_SHARE) if free else CPU_KV_CACHE_BYTES)
+                int(min(free) * config.gpu_memory_utilization) if free else CPU_KV_CACHE_BYTES)
             enough = config.max_num_seqs * math.ceil(max_model_len / config.block_size) + 1
             num_blocks = min(budget // per_block, enough)
         if num_blocks < 2:

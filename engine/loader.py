@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diagnose.core import progress
 from engine.layers import Shard
 from engine.model_config import NAMED_CONFIGS, ModelConfig, ModelError
 from engine.tokenizer import Tokenizer
@@ -121,14 +122,22 @@ def gguf_metadata(path: Path) -> dict:
 
 def load_weights(model: nn.Module, source: ModelSource, seed: int = 0) -> None:
     """Fill `model`'s parameters with this rank's shard of the weights."""
+    shards = model.weight_shards()
+    weights = "random weights" if source.kind == "dummy" else source.path.name
     with contextlib.ExitStack() as stack:
         read = _shard_reader(source, seed, stack)
-        for shard in model.weight_shards():
+        for shard in progress.track(shards, f"loading weights ({weights})", "tensors", _group):
             tensor = read(shard)
             if tuple(tensor.shape) != tuple(shard.target.shape):
                 raise ModelError(f"{shard.name}: checkpoint slice has shape {tuple(tensor.shape)}, "
                                  f"the model expects {tuple(shard.target.shape)}")
             shard.target.copy_(tensor)
+
+
+def _group(shard: Shard) -> str:
+    """The tensor's group: its layer (model.layers.3), or the module outside the layers."""
+    parts = shard.name.split(".")
+    return ".".join(parts[:3] if parts[:2] == ["model", "layers"] else parts[:-1])
 
 
 def _shard_reader(source: ModelSource, seed: int, stack: contextlib.ExitStack) -> Callable[[Shard], torch.Tensor]:

@@ -21,6 +21,7 @@ import torch
 
 from diagnose import probe
 from diagnose.core.vocab import Phase
+from diagnose.core import progress
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig
@@ -217,7 +218,8 @@ class DecodeGraphs:
     def _capture(self) -> None:
         """Largest first, so the smaller graphs reuse its memory pool."""
         pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.sizes):
+        for size in progress.track(self.sizes[::-1], "capturing CUDA graphs", "batch sizes",
+                                   "batch size {}".format):
             self._run_model(size)  # eagerly first: compiles this shape's kernels, inits NCCL
             graph = torch.cuda.CUDAGraph()
             with probe.graph_capture() as captured, torch.cuda.graph(graph, pool=pool):

@@ -1,22 +1,18 @@
 """`python -m engine serve`: the OpenAI API over HTTP (aiohttp), in front of one LLMEngine.
 
-The LLMEngine is not thread-safe, so one thread (EngineLoop) makes every call
-into it: it takes new requests and aborts from a queue, runs engine steps while
-any request is unfinished (continuous batching: all requests share each step),
-and hands each step's text deltas back to the event loop, one asyncio queue per
-request. The event loop parses, tokenizes (the tokenizer is only read) and
-validates requests, and writes responses; a handler that ends early (its client went away) aborts its request.
+One thread calls the engine (engine_loop.py). The event loop parses, tokenizes
+(the tokenizer is only read) and validates requests, and writes responses; a
+handler that ends early (its client went away) aborts its request. If a worker
+dies, every request fails naming the rank, and /health says why.
 
-If a worker dies, the engine thread records the error (naming the rank), fails
-every request, shuts the engine down and refuses new requests; /health says why.
+stdout has one line, `serving 'NAME' on http://HOST:PORT`, once the server listens;
+the log (what is served, then a line per request) goes to stderr (serve_log.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import signal
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,155 +21,18 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from engine import metrics
+from engine import metrics, serve_log
 from engine import openai_protocol as protocol
 from engine.args import config_from_args
-from engine.executor import WorkerDiedError
-from engine.llm_engine import LLMEngine, RequestOutput
+from engine.engine_loop import Delta, EngineLoop, unavailable
+from engine.llm_engine import LLMEngine
+from engine.loader import resolve_model
 from engine.model_config import ModelError
 from engine.openai_protocol import APIError, GenerateRequest, invalid
 from engine.sampling_params import SamplingParams
 
-IDLE_WORKER_CHECK_S = 0.5
-SHUTTING_DOWN = "the server is shutting down"
 MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids
-
-
-@dataclass
-class Delta:
-    """What one engine step produced for one request, copied off the engine thread."""
-    text: str
-    num_tokens: int
-    finished: bool
-    finish_reason: str | None
-
-
-@dataclass
-class _Add:
-    req_id: str
-    token_ids: list[int]
-    params: SamplingParams
-    sink: asyncio.Queue
-
-
-@dataclass
-class _Abort:
-    req_id: str
-
-
-class EngineLoop:
-    """Runs the LLMEngine on its own thread; the methods without _ are for the event loop."""
-
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
-        self.engine = engine
-        self.loop = loop
-        self.inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
-        self.sinks: dict[str, asyncio.Queue] = {}      # engine thread only
-        self.stats = engine.stats()     # replaced by the engine thread
-        self.error: str | None = None                  # why no request can be served any more
-        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def add(self, req_id: str, token_ids: list[int], params: SamplingParams) -> asyncio.Queue:
-        """Queue a request; its deltas (and at most one APIError) arrive on the returned queue."""
-        if self.error:
-            raise _unavailable(self.error)
-        sink: asyncio.Queue = asyncio.Queue()
-        self.inbox.put(_Add(req_id, token_ids, params, sink))
-        return sink
-
-    def abort(self, req_id: str) -> None:
-        self.inbox.put(_Abort(req_id))
-
-    def stop(self) -> None:
-        """End every request, shut the engine down and wait for the thread (blocks)."""
-        self.error = self.error or SHUTTING_DOWN
-        self.inbox.put(None)
-        self.thread.join()
-
-    # -- the engine thread ------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._serve()
-        except Exception as error:  # a dead worker, or a bug: fail every request, hang none
-            self.error = str(error) if isinstance(error, WorkerDiedError) else \
-                f"the engine failed: {error!r}"
-            self._fail_all()
-            self.engine.shutdown()
-            self._refuse_until_stopped()
-        else:
-            self._fail_all()
-            self.engine.shutdown()
-
-    def _serve(self) -> None:
-        while True:
-            for command in self._commands(block=not self.engine.has_unfinished_requests()):
-                if command is None:
-                    return
-                self._apply(command)
-            self.stats = self.engine.stats()      # aborts free blocks too
-            if self.engine.has_unfinished_requests():
-                outputs = self.engine.step()
-                # Before the outputs: a client that saw its request end sees it gone here.
-                self.stats = self.engine.stats()
-                self._deliver([(self.sinks[o.req_id], _delta(o)) for o in outputs
-                               if o.req_id in self.sinks])
-                for output in outputs:
-                    if output.finished:
-                        self.sinks.pop(output.req_id, None)
-
-    def _commands(self, block: bool) -> list:
-        """The queued commands; when idle, wait for one, checking the workers meanwhile."""
-        commands = []
-        if block:
-            try:
-                commands.append(self.inbox.get(timeout=IDLE_WORKER_CHECK_S))
-            except queue.Empty:
-                self.engine.check_workers()
-        while not self.inbox.empty():
-            commands.append(self.inbox.get())
-        return commands
-
-    def _apply(self, command: _Add | _Abort) -> None:
-        if isinstance(command, _Abort):
-            if self.sinks.pop(command.req_id, None) is not None:
-                self.engine.abort_request(command.req_id)
-            return
-        try:
-            self.engine.add_request(command.token_ids, command.params, command.req_id)
-        except ValueError as error:
-            self._deliver([(command.sink, invalid(str(error)))])
-            return
-        self.sinks[command.req_id] = command.sink
-
-    def _fail_all(self) -> None:
-        self._deliver([(sink, _unavailable(self.error)) for sink in self.sinks.values()])
-        self.sinks.clear()
-
-    def _refuse_until_stopped(self) -> None:
-        while (command := self.inbox.get()) is not None:
-            if isinstance(command, _Add):
-                self._deliver([(command.sink, _unavailable(self.error))])
-
-    def _deliver(self, items: list[tuple[asyncio.Queue, Delta | APIError]]) -> None:
-        if items:
-            self.loop.call_soon_threadsafe(_put_all, items)
-
-
-def _put_all(items: list[tuple[asyncio.Queue, Delta | APIError]]) -> None:
-    for sink, item in items:
-        sink.put_nowait(item)
-
-
-def _delta(output: RequestOutput) -> Delta:
-    return Delta(output.new_text, len(output.new_token_ids), output.finished, output.finish_reason)
-
-
-def _unavailable(reason: str) -> APIError:
-    return APIError(503, reason, type="server_error", code="engine_unavailable")
+ALL_INTERFACES = "0.0.0.0"  # vLLM's bind address without --host
 
 
 class OpenAIServer:
@@ -183,7 +42,7 @@ class OpenAIServer:
         self.engine_loop = engine_loop
         self.engine = engine_loop.engine     # read-only here: tokenizer and limits
         self.model_name = model_name
-        self.metrics = metrics.ServerMetrics()
+        self.metrics = metrics.ServerMetrics(model_name, lambda: engine_loop.stats)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_error_json], client_max_size=MAX_BODY_BYTES)
@@ -203,12 +62,12 @@ class OpenAIServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.engine_loop.error:
-            raise _unavailable(self.engine_loop.error)
+            raise unavailable(self.engine_loop.error)
         return web.json_response({"status": "ok"})
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        text = metrics.render(self.model_name, self.engine_loop.stats, self.metrics)
-        return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+        body, content_type = self.metrics.render(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     # -- generation -----------------------------------------------------------
 
@@ -268,13 +127,15 @@ class OpenAIServer:
                         params: SamplingParams) -> AsyncIterator[Delta]:
         """The request's deltas until it finishes; leaving early aborts it."""
         sink = self.engine_loop.add(req_id, token_ids, params)
-        last = time.monotonic()
+        started = last = time.monotonic()
         first, finished = True, False
         try:
             while not finished:
                 item = await sink.get()
                 if isinstance(item, APIError):
                     finished = True     # the engine thread has dropped it already
+                    if item.status >= 500:
+                        self._finished("error", started)
                     raise item
                 if item.num_tokens:
                     now = time.monotonic()
@@ -282,10 +143,17 @@ class OpenAIServer:
                     latency.observe(now - last)
                     first, last = False, now
                 finished = item.finished
+                if finished:
+                    self._finished(item.finish_reason, started)
                 yield item
         finally:
             if not finished:
                 self.engine_loop.abort(req_id)
+                self._finished("abort", started)
+
+    def _finished(self, reason: str, started: float) -> None:
+        self.metrics.request_success[reason].inc()
+        self.metrics.e2e_request_latency.observe(time.monotonic() - started)
 
     async def _stream_completion(self, request: web.Request, gen: GenerateRequest, req_id: str,
                                  num_prompt_tokens: int, deltas: AsyncIterator[Delta]) -> web.StreamResponse:
@@ -398,32 +266,53 @@ async def _error_json(request: web.Request, handler) -> web.StreamResponse:
 
 # -- running the server ---------------------------------------------------------
 
+@dataclass
+class ServeOptions:
+    host: str | None          # None: every interface, as vLLM
+    port: int
+    model_name: str           # what clients ask for
+    access_log: bool
+
+
 def serve(args) -> int:
-    engine = LLMEngine(config_from_args(args))
+    config = config_from_args(args)
+    config.validate()
+    serve_log.setup()
+    serve_log.LOG.info(serve_log.model_line(config, resolve_model(config.model, config.load_format)))
+    engine = LLMEngine(config)
     try:
-        asyncio.run(_serve_http(engine, args.host, args.port, args.served_model_name or args.model))
+        serve_log.LOG.info(serve_log.engine_line(engine))
+        options = ServeOptions(args.host, args.port, args.served_model_name or args.model,
+                               access_log=not args.disable_uvicorn_access_log)
+        asyncio.run(_serve_http(engine, options))
     finally:
         engine.shutdown()
     return 0
 
 
-async def _serve_http(engine: LLMEngine, host: str, port: int, model_name: str) -> None:
+async def _serve_http(engine: LLMEngine, options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     engine_loop = EngineLoop(engine, loop)
-    runner = web.AppRunner(OpenAIServer(engine_loop, model_name).app(),
-                           handler_cancellation=True, access_log=None)
+    access_log = {"access_log_class": serve_log.AccessLogger, "access_log": serve_log.LOG} \
+        if options.access_log else {"access_log": None}
+    runner = web.AppRunner(OpenAIServer(engine_loop, options.model_name).app(),
+                           handler_cancellation=True, **access_log)
     await runner.setup()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     engine_loop.start()
+    host = options.host or ALL_INTERFACES
     try:
         try:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, options.port).start()
         except OSError as error:
-            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+            raise ValueError(f"cannot listen on {host}:{options.port}: {error.strerror}") from None
+        if options.host is None:
+            serve_log.LOG.info(f"listening on every interface ({ALL_INTERFACES}, vLLM's default); "
+                               "--host 127.0.0.1 keeps the server to this machine")
         bound_host, bound_port = runner.addresses[0][:2]
-        print(f"serving {model_name!r} on http://{bound_host}:{bound_port}", flush=True)
+        print(f"serving {options.model_name!r} on {serve_log.url(bound_host, bound_port)}", flush=True)
         await stop.wait()
     finally:
         await asyncio.to_thread(engine_loop.stop)

@@ -3,6 +3,7 @@ terminal report and the Perfetto trace."""
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
+from diagnose import cli
 from diagnose.analysis import analyze
 from diagnose.offline.perfetto import to_perfetto
 from diagnose.offline.report import render, to_json
@@ -82,7 +84,6 @@ def test_a_run_dir_from_a_live_probe(tmp_path):
 
 
 @pytest.mark.parametrize("args, text", [
-    ([], "the following arguments are required: COMMAND"),
     (["frob"], "invalid choice: 'frob'"),
     (["analyze"], "the following arguments are required: path"),
     (["analyze", "/no/such/dir"], "/no/such/dir: no such file or directory"),
@@ -142,3 +143,82 @@ def test_perfetto_has_a_track_per_rank_and_the_driver():
              if event.get("name") == "execute_model" and event["pid"] == 5]
     assert [event["args"]["step"] for event in steps] == [0, 1]
     assert all(event["dur"] > 0 for event in steps)
+
+
+# What diag analyze shows: --ranks, --groups, -p/--prefix (torchfrtrace's selectors).
+
+def analyze_in_process(capsys, *args):
+    code = cli.main(["analyze", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ranks_and_groups_narrow_the_table_never_the_verdict(capsys):
+    fr_hang = os.path.join(FIXTURES, "fr_hang")
+    code, out, _ = analyze_in_process(capsys, fr_hang, "--json", "--ranks", "0-1")
+    body = json.loads(out)
+    assert code == 1 and body["verdicts"][0]["culprit_ranks"] == [3]   # still rank 3
+    assert [row["rank"] for row in body["ranks"]] == [0, 1]
+    assert body["shown"] == {"ranks": [0, 1], "groups": None, "of": 4}
+    # torch's desc (tp1) or pg name (2), as --pg-filters takes them; calls there only
+    for name in ("tp1", "2"):
+        code, out, _ = analyze_in_process(capsys, fr_hang, "--json", "--groups", name)
+        rows = json.loads(out)["ranks"]
+        assert [(row["rank"], row["last_collective"]) for row in rows] == [
+            (2, "tp1 all_reduce #5 waiting"), (3, "tp1 all_reduce #4")]
+    code, out, _ = analyze_in_process(capsys, fr_hang, "--ranks", "3", "--groups", "tp1")
+    assert "showing rank 3 in tp1 of 4; the verdicts judge every rank" in out
+    assert "rank 3 never joined tp1 all_reduce seq 5" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--ranks", "7"], "--ranks: rank 7 not in this job (it has ranks 0-3)"),
+    (["--ranks", "1-x"], "argument --ranks: not a rank or a range of ranks: '1-x'"),
+    (["--groups", "tp9"], "--groups: no group 'tp9' in this job (it has tp0, tp1, world)"),
+    (["-p", "trace_"], "no file named trace_<rank> (--prefix trace_)"),
+])
+def test_a_selection_the_job_does_not_have_is_a_one_line_error(capsys, args, says):
+    code, out, err = analyze_in_process(capsys, os.path.join(FIXTURES, "fr_hang"), *args)
+    assert code == 2 and out == ""
+    assert err.splitlines() == [f"diag: error: {err.removeprefix('diag: error: ').strip()}"]
+    assert says in err
+
+
+def test_prefix_reads_only_the_files_it_names(tmp_path, capsys):
+    dumps = tmp_path / "dumps"
+    shutil.copytree(os.path.join(FIXTURES, "fr_hang"), dumps)
+    (dumps / "nccl_trace_rank_3").rename(dumps / "other_3")       # not of this prefix
+    (dumps / "notes.txt").write_text("mine")
+    code, out, _ = analyze_in_process(capsys, dumps, "-p", "nccl_trace_rank_", "--json")
+    body = json.loads(out)
+    assert [row["rank"] for row in body["ranks"]] == [0, 1, 2]
+    assert not any("notes.txt" in note or "other_3" in note for note in body["notes"])
+
+
+def test_output_writes_the_json_and_the_screen_stays(tmp_path, capsys):
+    target = tmp_path / "verdicts.json"
+    code, out, _ = analyze_in_process(capsys, os.path.join(FIXTURES, "fr_hang"), "-o", target)
+    assert code == 1 and "rank 3 never joined tp1 all_reduce seq 5" in out
+    body = json.loads(target.read_text())
+    assert body["schema_version"] == 1 and body["verdicts"][0]["culprit_ranks"] == [3]
+    code, out, err = analyze_in_process(capsys, os.path.join(FIXTURES, "fr_hang"), "-o",
+                                        tmp_path / "no" / "such.json")
+    assert code == 2 and err.startswith("diag: error: --output ")
+
+
+def test_piped_output_keeps_every_field_whole():
+    """COLUMNS=80 and a pipe, as in CI: the frame column and the verdict are whole,
+    one line each."""
+    result = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze",
+                             os.path.join(FIXTURES, "runs", "rank6_never_reached")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env=os.environ | {"COLUMNS": "80"})
+    assert result.returncode == 1, result.stderr
+    assert "…" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert any("distributed/distributed_c10d.py:3252 all_reduce" in line and line.startswith("7 ")
+               for line in lines)
+    assert any("never reached execute_model" in line and "and the driver wait on it" in line
+               for line in lines)
+    states = [line.split()[4] for line in lines if line[:1].isdigit()]
+    assert states == ["victim"] * 6 + ["culprit", "victim"]    # stopped for the hang: no death

@@ -1,11 +1,15 @@
 """Bad input to diag launch, dump and demo: one line on stderr, exit 2, never a
-traceback, and nothing started; and diag's own failures: one line, exit 3."""
+traceback, and nothing started; diag's own failures: one line, exit 3; and the
+command line itself: its version, its list of commands, help on every argument."""
+import argparse
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
 from diagnose import cli
+from diagnose.cli import analyze as cli_analyze
 
 
 def diag(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess:
@@ -64,7 +68,7 @@ def _fails(args):
 
 
 def test_a_failure_of_diag_itself_is_one_line_and_exit_3(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(cli, "analyze_command", _fails)
+    monkeypatch.setattr(cli_analyze, "analyze_command", _fails)
     monkeypatch.delenv(cli.DEBUG_VAR, raising=False)
     assert cli.main(["analyze", str(tmp_path)]) == cli.EXIT_INTERNAL == 3
     lines = capsys.readouterr().err.strip().splitlines()
@@ -77,6 +81,65 @@ def test_a_failure_of_diag_itself_is_one_line_and_exit_3(monkeypatch, capsys, tm
 def test_ctrl_c_outside_a_run_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
     def interrupted(args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "analyze_command", interrupted)
+    monkeypatch.setattr(cli_analyze, "analyze_command", interrupted)
     assert cli.main(["analyze", str(tmp_path)]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["diag: interrupted"]
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    [commands] = [action for action in parser._actions
+                  if isinstance(action, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+@pytest.mark.parametrize("name", sorted(subcommands()))
+def test_every_subcommand_helps_on_every_argument_and_ends_with_codes_and_examples(
+        name, capsys):
+    parser = subcommands()[name]
+    unexplained = [action.dest for action in parser._actions
+                   if not action.help and action.help != argparse.SUPPRESS]
+    assert unexplained == []
+    with pytest.raises(SystemExit) as done:
+        cli.main([name, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    codes, examples = text.index("\nexit codes:\n"), text.index("\nexamples:\n")
+    assert codes < examples
+    assert "  2    bad input" in text[codes:examples]
+    assert f"  diag {name}" in text[examples:]
+
+
+def test_diag_alone_lists_every_command_on_stdout_and_exits_0():
+    done = diag()
+    assert done.returncode == 0 and done.stderr == ""
+    listed = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("    ")}
+    assert set(subcommands()) <= set(listed)
+    assert "name the culprit" in listed["analyze"]
+
+
+def test_version_is_the_installed_distributions(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"diag (hangscope) {metadata.version('hangscope')}\n"
+
+
+def test_version_in_a_checkout_never_installed_is_pyprojects(monkeypatch):
+    from diagnose.cli import version
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(version.metadata, "version", missing)
+    with open(f"{version.CHECKOUT}/pyproject.toml") as source:
+        declared = version.VERSION_LINE.search(source.read())[1]
+    assert version.package_version() == f"{declared} (source checkout at {version.CHECKOUT})"
+    monkeypatch.setattr(version, "CHECKOUT", "/nonexistent")
+    assert version.package_version().startswith("unknown")
+
+
+def test_launch_output_keeps_its_old_name_hidden():
+    parser = cli.build_parser()
+    for flag in ("-o", "--output", "--json-report"):
+        assert parser.parse_args(["launch", flag, "r.json", "--", "true"]).output == "r.json"
+    assert "--json-report" not in subcommands()["launch"].format_help()

@@ -31,7 +31,7 @@ def free_port() -> int:
 def launch(tmp_path, program, nproc, fault="", marks=()):
     run_dir, report = tmp_path / "run", tmp_path / "report.json"
     command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-               "--on-hang", "kill", "--json-report", str(report)]
+               "--on-hang", "kill", "-o", str(report)]
     command += [arg for mark in marks for arg in ("--mark", mark)]
     command += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                 "--monitor-interval", "0.5", "--master-port", str(free_port()),

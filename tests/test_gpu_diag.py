@@ -112,7 +112,7 @@ def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path)
 def launch(tmp_path: Path, fault: str, engine_flags: list[str], *flags: str) -> dict:
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-           "--run-dir", str(tmp_path / "run"), "--json-report", str(report), "--fault", fault,
+           "--run-dir", str(tmp_path / "run"), "-o", str(report), "--fault", fault,
            *flags, "--", sys.executable, "-m", "engine", "generate", "--model", "tiny-llama",
            "-tp", "2", "--device", "cuda", "--dtype", "bfloat16", "--ignore-eos",
            "--max-tokens", "32", "--prompt", "Where does the GPU stop?", *engine_flags]

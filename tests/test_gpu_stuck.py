@@ -240,7 +240,7 @@ def test_a_single_gpu_spinning_in_the_forward_of_step_4_is_gpu_stuck(tmp_path):
     of step 4 while its host goes on to sample and blocks there."""
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-               "--run-dir", str(tmp_path / "run"), "--json-report", str(report),
+               "--run-dir", str(tmp_path / "run"), "-o", str(report),
                "--fault", "rank=0,at=forward,step=4,kind=gpu_spin", "--",
                sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "1",
                "--device", "cuda", "--dtype", "bfloat16", "--ignore-eos", "--max-tokens", "32",

@@ -175,7 +175,7 @@ def test_launch_a_job_without_torch(venv, tmp_path):
     """The probe and its bootstrap load in a job whose environment has no torch."""
     report = tmp_path / "report.json"
     done = diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
-                "--stall-timeout", "1", "--json-report", str(report), "--",
+                "--stall-timeout", "1", "-o", str(report), "--",
                 os.path.join(venv, "python"), "-c", HANGS)
     assert done.returncode == 86, done.stderr[-2000:]
     [verdict] = json.loads(report.read_text())["verdicts"]
@@ -193,7 +193,7 @@ def test_launch_a_torch_job_from_the_debugger_without_torch(venv, tmp_path):
     """diag from the torch-less venv; the job runs on this environment's torch."""
     report = tmp_path / "report.json"
     done = diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
-                "--json-report", str(report), "--",
+                "-o", str(report), "--",
                 sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--monitor-interval", "0.5", "--master-port", str(free_port()),
                 os.path.join(PROGRAMS, "dp_train.py"), timeout=90,

@@ -81,6 +81,8 @@ def test_a_signal_stops_the_run_with_one_line_and_the_stop_recorded(tmp_path, la
     assert ending["stopped_by"] == name and ending["command_exit"] == -signal.SIGTERM
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stopped_by"] == name and report["verdicts"] == []
+    launched = json.loads((run_dir / "launch.json").read_text())
+    assert ending["schema_version"] == report["schema_version"] == launched["schema_version"] == 1
     assert not left_behind(run_dir)
     again = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir)],
                            cwd=REPO, capture_output=True, text=True, timeout=60)

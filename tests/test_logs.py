@@ -210,9 +210,11 @@ def test_cli_json(capsys):
     path = os.path.join(LOGS, "vllm_tp2pp2_worker_assert.log")
     assert cli.main(["logs", "--json", path]) == cli.EXIT_VERDICTS
     body = json.loads(capsys.readouterr().out)
-    assert [(finding["kind"], finding["rank"]) for finding in body] == [("exception", 2)]
-    assert [link["kind"] for link in body[0]["chain"]] == ["engine_core_fatal", "engine_dead",
-                                                          "http_error"]
+    assert body["schema_version"] == 1 and body["files"] == [path]
+    findings = body["findings"]
+    assert [(finding["kind"], finding["rank"]) for finding in findings] == [("exception", 2)]
+    assert [link["kind"] for link in findings[0]["chain"]] == ["engine_core_fatal", "engine_dead",
+                                                              "http_error"]
 
 
 def test_cli_binary_and_missing_files(capsys, tmp_path):
@@ -265,3 +267,15 @@ def test_vllm_process_names_in_any_order_and_the_older_forms():
     assert describe(b"(VllmWorker rank=2 pid=13) ERROR 06-26 23:10:17 [x.py:5] hi", Job()) == (
         "VllmWorker (rank 2)", 2)
     assert describe(b"[default3]:[rank3]: RuntimeError: boom", Job()) == ("rank 3", 3)
+
+
+def test_piped_findings_keep_one_line_each(capsys, monkeypatch):
+    """Not a terminal (capsys, as a CI log): a finding's headline is one line,
+    however narrow COLUMNS says the screen is."""
+    monkeypatch.setenv("COLUMNS", "60")
+    path = os.path.join(LOGS, "vllm_tp2pp2_worker_assert.log")
+    assert cli.main(["logs", path]) == cli.EXIT_VERDICTS
+    out = capsys.readouterr().out.splitlines()
+    [finding] = read("vllm_tp2pp2_worker_assert.log")[:1]
+    assert f"FIRST  {finding.summary}" in out
+    assert max(map(len, out)) > 60

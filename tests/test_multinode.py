@@ -180,8 +180,8 @@ def test_node_that_never_joins_fails_the_head():
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_headless_node_without_a_head_fails(command):
     port = _free_port_pair()
-    proc = subprocess.run(ENGINE + [command, *TP2PP2, "--nnodes", "2", "--node-rank", "1",
-                                    "--master-port", str(port), "--node-timeout", "1"],
+    proc = subprocess.run(ENGINE + [command, "--model", "tiny-llama", *TP2PP2, "--nnodes", "2",
+                                    "--node-rank", "1", "--master-port", str(port), "--node-timeout", "1"],
                           capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [

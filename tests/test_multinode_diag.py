@@ -46,7 +46,7 @@ class TwoNodes:
         env = dict(os.environ, TOY_FAULT=toy_fault, TOY_STEPS=str(toy_steps),
                    DIAG_NODE_TOKEN=TOKEN, ENGINE_NODE_TOKEN=ENGINE_TOKEN)
         self.head = self._start(0, ["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",
-                                    "--json-report", str(self.report)], job(0, master), env)
+                                    "-o", str(self.report)], job(0, master), env)
         env = dict(env, DIAG_NODE_TOKEN=node1_token)
         self.node1 = self._start(1, ["--head", f"127.0.0.1:{listen}", *node1_flags],
                                  job(1, master), env)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import selectors
 import signal
 import subprocess
@@ -23,12 +24,18 @@ import aiohttp
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader import resolve_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT_S = 120
 MAX_MODEL_LEN = 256
+SHORT = ("--max-model-len", str(MAX_MODEL_LEN))
+TINY_MAX_MODEL_LEN = 4000       # `--max-model-len 4k`: k is 1000 to vLLM, K 1024
+# vllm/v1/metrics/buckets.py of vLLM 0.32: INTER_TOKEN_LATENCY_BUCKETS
+VLLM_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0]
 
 
 @dataclass
@@ -38,18 +45,22 @@ class Server:
     model: str
     log: IO[bytes]
 
-    def stderr(self) -> str:
+    def log_text(self) -> str:
         self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
+        return self.log.read().decode(errors="replace")
+
+    def stderr(self) -> str:
+        return self.log_text()[-4000:]
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
 
-def _start(model: str, *flags: str) -> Server:
+def _start(model: str, *flags: str, host: str | None = "127.0.0.1") -> Server:
+    """`python -m engine serve MODEL FLAGS` on any free port; host None: vLLM's default."""
     log = tempfile.TemporaryFile()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", model, "--port", "0",
-           "--max-model-len", str(MAX_MODEL_LEN), *flags]
+    cmd = [sys.executable, "-m", "engine", "serve", model, "--port", "0", *flags,
+           *(["--host", host] if host else [])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
@@ -99,14 +110,17 @@ def _maps(proc: psutil.Process):
 
 @pytest.fixture(scope="module")
 def tiny():
-    server = _start("tiny-llama", "-tp", "2", "-pp", "2")
+    """Started with a command line as vLLM's docs write them: the model positional, a
+    suffixed length, -tp, and a flag with underscores."""
+    server = _start("tiny-llama", "--max-model-len", "4k", "-tp", "2", "--pipeline_parallel_size", "2",
+                    "--num-gpu-blocks-override", "1025")   # the KV cache of 64 requests of 256 tokens
     yield server
     _stop(server)
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    server = _start("smollm2-135m")
+    server = _start("smollm2-135m", *SHORT)
     yield server
     _stop(server)
 
@@ -116,13 +130,15 @@ def _client(server: Server) -> openai.OpenAI:
 
 
 def _metrics(server: Server) -> dict[str, float]:
-    """/metrics as name -> value, labels dropped (so of a histogram, only _sum and _count)."""
+    """/metrics, read by prometheus_client's own parser, as sample name -> value; a sample
+    with labels beyond model_name and engine is named `name{label=value,...}`."""
     text = _get(server, "/metrics")[1]
     values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            assert {sample.labels.pop("model_name"), sample.labels.pop("engine")} == {server.model, "0"}
+            extra = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[sample.name + (f"{{{extra}}}" if extra else "")] = sample.value
     return values
 
 
@@ -241,12 +257,12 @@ def test_load_64_concurrent_streams_256_requests(tiny):
         assert result["usage"]["completion_tokens"] == max_tokens
         assert result["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt))
     after = _metrics(tiny)
-    assert after["engine_num_requests_running"] == 0
-    assert after["engine_num_requests_waiting"] == 0
-    assert after["engine_kv_cache_blocks_used"] == 0
-    generated = after["engine_generation_tokens_total"] - before["engine_generation_tokens_total"]
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated == sum(m for _, m in jobs)
-    ttft = after["engine_time_to_first_token_seconds_count"] - before["engine_time_to_first_token_seconds_count"]
+    ttft = after["vllm:time_to_first_token_seconds_count"] - before["vllm:time_to_first_token_seconds_count"]
     assert ttft == len(jobs)
     print(f"\n256 streamed requests, 64 concurrent: {len(jobs) / elapsed:.1f} req/s, "
           f"{generated / elapsed:.1f} output tok/s")
@@ -280,20 +296,85 @@ def test_disconnected_streams_free_their_kv_blocks(tiny):
     before = _metrics(tiny)
     during = asyncio.run(run())
     hung_up = time.monotonic()
-    assert during["engine_kv_cache_blocks_used"] > 0
-    assert during["engine_num_requests_running"] + during["engine_num_requests_waiting"] == num_clients
-    while (after := _metrics(tiny))["engine_kv_cache_blocks_used"] and time.monotonic() - hung_up < 10:
+    assert 0 < during["vllm:kv_cache_usage_perc"] <= 1
+    assert during["vllm:num_requests_running"] + during["vllm:num_requests_waiting"] == num_clients
+    while (after := _metrics(tiny))["vllm:kv_cache_usage_perc"] and time.monotonic() - hung_up < 10:
         time.sleep(0.1)
-    assert after["engine_kv_cache_blocks_used"] == 0
-    assert after["engine_num_requests_running"] == after["engine_num_requests_waiting"] == 0
-    generated = after["engine_generation_tokens_total"] - before["engine_generation_tokens_total"]
+    assert after["vllm:kv_cache_usage_perc"] == 0
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < num_clients * 200 / 2    # they were stopped, not run to the end
+    aborted = "vllm:request_success_total{finished_reason=abort}"
+    assert after[aborted] - before[aborted] == num_clients
     assert _client(tiny).completions.create(model=tiny.model, prompt="still here?", max_tokens=2).usage
+
+
+# -- /metrics and the log --------------------------------------------------------------
+
+def test_metrics_parse_with_prometheus_client_and_carry_vllm_names(tiny):
+    before = _metrics(tiny)
+    done = _client(tiny).completions.create(model=tiny.model, prompt="count me", max_tokens=5,
+                                            extra_body={"ignore_eos": True})
+    after = _metrics(tiny)
+
+    def grew(name: str) -> float:
+        return after[name] - before[name]
+
+    assert grew("vllm:prompt_tokens_total") == done.usage.prompt_tokens
+    assert grew("vllm:generation_tokens_total") == 5
+    assert grew("vllm:request_success_total{finished_reason=length}") == 1
+    assert grew("vllm:request_success_total{finished_reason=stop}") == 0
+    for name, count in [("vllm:time_to_first_token_seconds", 1), ("vllm:inter_token_latency_seconds", 4),
+                        ("vllm:e2e_request_latency_seconds", 1)]:
+        assert grew(f"{name}_count") == count and grew(f"{name}_sum") > 0, name
+    itl_bounds = sorted(float(name.partition("le=")[2].rstrip("}")) for name in after
+                        if name.startswith("vllm:inter_token_latency_seconds_bucket"))
+    assert itl_bounds == [*VLLM_ITL_BUCKETS, float("inf")]
+    assert after["vllm:kv_cache_usage_perc"] == after["vllm:num_requests_running"] == 0
+    assert after["vllm:prefix_cache_queries_total"] >= after["vllm:prefix_cache_hits_total"]
+    kinds = {f.name: f.type for f in text_string_to_metric_families(_get(tiny, "/metrics")[1])}
+    assert kinds.items() >= {
+        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
+        "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter", "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+    }.items()
+
+
+def test_metrics_speak_openmetrics_when_asked(tiny):
+    async def get(accept: str) -> tuple[str, str]:
+        async with aiohttp.ClientSession() as session, session.get(
+                tiny.url + "/metrics", headers={"Accept": accept}) as r:
+            return r.headers["Content-Type"], await r.text()
+    plain_type, _ = asyncio.run(get("*/*"))
+    open_type, text = asyncio.run(get("application/openmetrics-text; version=1.0.0"))
+    assert plain_type.startswith("text/plain; version=0.0.4")
+    assert open_type.startswith("application/openmetrics-text") and text.endswith("# EOF\n")
+
+
+def test_the_log_says_what_is_served_where_and_each_request(tiny):
+    assert tiny.url.startswith("http://127.0.0.1:")
+    _get(tiny, "/v1/models?x=1")
+    lines = tiny.log_text().splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("INFO ")]
+    assert lines[said[0]].endswith(" model tiny-llama: random weights (a named config); float32 on "
+                                   "cpu, tp 2 x pp 2 (4 worker processes)")
+    loading = [i for i, line in enumerate(lines) if "loading weights" in line]
+    assert len(loading) == 1 and loading[0] > said[0], lines    # one rank reports, in one line
+    assert re.fullmatch(r"\[rank 0\] loading weights \(random weights\): \d+ tensors in \d+\.\d s",
+                        lines[loading[0]])
+    assert any(line.endswith(" KV cache: 1025 blocks of 16 tokens (16400 tokens); max-model-len "
+                             "4000, max-num-seqs 64") for line in lines)
+    assert not any("every interface" in line for line in lines)
+    access = re.compile(r'INFO \d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 '
+                        r"\d+\.\d{3} s")
+    assert any(access.fullmatch(line) for line in lines), lines[-5:]
 
 
 # -- bad requests ---------------------------------------------------------------------
 
-LONG_PROMPT = "x" * (MAX_MODEL_LEN + 10)
+LONG_PROMPT = "x" * (TINY_MAX_MODEL_LEN + 10)
 BAD_REQUESTS = [
     # (path, body, status, param)
     ("/v1/completions", b'{"model": "tiny-llama", "prompt": ', 400, None),
@@ -316,7 +397,8 @@ BAD_REQUESTS = [
      400, "messages"),
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": TINY_MAX_MODEL_LEN}, 400,
+     "max_tokens"),
     ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("/v1/nothing-here", {}, 404, None),
 ]
@@ -411,6 +493,7 @@ def test_a_tiny_temperature_samples_greedily(tiny):
 
 def test_models_and_health(tiny):
     assert [m.id for m in _client(tiny).models.list()] == ["tiny-llama"]
+    assert json.loads(_get(tiny, "/v1/models")[1])["data"][0]["max_model_len"] == TINY_MAX_MODEL_LEN
     assert _get(tiny, "/health") == (200, '{"status": "ok"}')
 
 
@@ -421,8 +504,8 @@ def fresh_server():
     """Start a server of the test's own; stopped (and checked) at the end if the test did not."""
     servers = []
 
-    def start(model: str, *flags: str) -> Server:
-        servers.append(_start(model, *flags))
+    def start(model: str, *flags: str, host: str | None = "127.0.0.1") -> Server:
+        servers.append(_start(model, *SHORT, *flags, host=host))
         return servers[-1]
     yield start
     for server in servers:
@@ -431,7 +514,10 @@ def fresh_server():
 
 
 def test_sigint_ends_running_requests_and_leaves_nothing_behind(fresh_server):
-    server = fresh_server("tiny-llama", "-pp", "2")
+    server = fresh_server("tiny-llama", "-pp", "2", host=None)
+    port = server.url.rpartition(":")[2]
+    assert server.url == f"http://0.0.0.0:{port}"     # vLLM's default: every interface
+    assert "listening on every interface (0.0.0.0" in server.stderr()
     stream = _client(server).completions.create(model=server.model, prompt="x", max_tokens=MAX_MODEL_LEN - 4,
                                                 stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))

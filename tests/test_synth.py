@@ -58,9 +58,13 @@ def test_a_synth_dir_whose_writer_is_gone_is_judged_as_it_stood(tmp_path):
     assert f"rank {CULPRIT} planted as collective_missing_peers" in made.stdout
     report = diag("analyze", out, "--json")
     assert report.returncode == 1, report.stderr
-    [verdict] = json.loads(report.stdout)["verdicts"]
+    body = json.loads(report.stdout)
+    [verdict] = body["verdicts"]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("collective_missing_peers", [CULPRIT])
     assert verdict["evidence"]["job_ended_s_ago"] >= 0
+    # the ranks wait, as the verdict says: their processes are gone, no death is named
+    states = {row["rank"]: row["state"] for row in body["ranks"]}
+    assert states == {rank: "culprit" if rank == CULPRIT else "victim" for rank in range(RANKS)}
 
 
 def test_flight_recorder_dumps_name_the_rank_that_missed_a_collective(tmp_path):

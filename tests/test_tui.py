@@ -19,8 +19,9 @@ from diagnose.analysis import analyze
 from diagnose.core.snapshot import Snapshot, Verdict
 from synthetic import OP_S, Job
 from diagnose.launch.rundir import open_run as open_run_dir
-from tui.app import POLL_INTERVAL_S, DiagApp, read_log_tail
-from tui.grid_model import CULPRIT, DEAD, IDLE, RUNNING, WAITING, build_grid, move
+from tui.app import POLL_INTERVAL_S, DiagApp
+from tui.log_files import read_log_tail
+from tui.grid_model import CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid, move
 from tui.quit_screen import QuitScreen
 from tui.rank_detail import RankDetail
 from tui.rank_grid import RankGrid
@@ -158,16 +159,19 @@ def test_grid_groups_many_ranks_and_keeps_the_culprit_named():
     t = job.everyone_started()
     for rank in job.ranks:
         job.dequeue(rank, t)
-    job.ranks[90].alive = False
-    verdict = Verdict("never_reached", [70], [71, 72], "rank 70 never reached execute_model")
-    model = build_grid(settle(job, t + 1.0), [verdict])
+    for gone in (88, 90, 100):
+        job.ranks[gone].alive = False
+    verdicts = [Verdict("never_reached", [70], [71, 72], "rank 70 never reached execute_model"),
+                Verdict("dead", [88], [90], "rank 88 died; rank 90 died after it")]
+    model = build_grid(settle(job, t + 1.0), verdicts)
     assert model.grouped
     described = [(line.first_stage, line.last_stage, line.counts, line.named) for line in model.groups]
-    assert described == [
+    assert described == [   # rank 100 is gone, and no verdict calls that a death
         (0, 3, {IDLE: 16}, {}),
         (4, 4, {CULPRIT: 1, WAITING: 2, IDLE: 13}, {CULPRIT: [70]}),
-        (5, 5, {DEAD: 1, IDLE: 15}, {DEAD: [90]}),
-        (6, 7, {IDLE: 16}, {}),
+        (5, 5, {CULPRIT: 1, DEAD: 1, IDLE: 14}, {CULPRIT: [88], DEAD: [90]}),
+        (6, 6, {IDLE: 15, ENDED: 1}, {}),
+        (7, 7, {IDLE: 16}, {}),
     ]
     assert model.groups[1].ranks[:3] == [70, 71, 72]
 
@@ -242,9 +246,9 @@ async def test_keys_move_selection_and_show_the_log(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         grid = app.query_one(RankGrid)
-        await pilot.press("l")
+        await pilot.press("right")
         assert grid.selected == 7
-        await pilot.press("k", "h")
+        await pilot.press("up", "left")
         assert grid.selected == 4
         await pilot.press("down", "right")
         assert grid.selected == 7
@@ -347,7 +351,7 @@ async def test_a_blocked_read_never_blocks_the_screen():
             await started(app, pilot)
             await pilot.pause(4 * POLL_INTERVAL_S)
             assert source.reads == 2  # one read in flight at a time, no pile-up
-            await pilot.press("l")
+            await pilot.press("right")
             assert app.query_one(RankGrid).selected == 7
             assert "rank 7 · stage 3 · tp 1 · WAITING" in screen_text(app)
     finally:
@@ -430,7 +434,7 @@ async def test_live_run_dir_dump_py_spy_and_log(probed_run):
         assert "wait_for_work" in screen_text(app)
         await until(pilot, lambda: "log (rank-0.log)" in screen_text(app))
         assert "ready" in screen_text(app)
-        await pilot.press("l", "s")
+        await pilot.press("right", "s")
         await until(pilot, lambda: "stack (py-spy)" in screen_text(app))
         text = screen_text(app)
         assert "rank 1 · stage 0 · tp 1" in text and "wait_for_work" in text

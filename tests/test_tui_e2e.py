@@ -4,6 +4,7 @@ the culprit; q, then s (stop the job) must end everything."""
 import re
 import sys
 import time
+from pathlib import Path
 
 import pexpect
 import psutil
@@ -57,3 +58,46 @@ def test_tui_names_rank6_and_quits_cleanly(tmp_path):
     left = [p for p in psutil.process_iter(["environ"])
             if (p.info["environ"] or {}).get("DIAG_RUN_DIR") == run_dir]
     assert not left
+
+
+TWO_RANKS_SERVE = [sys.executable, str(Path(__file__).parent / "programs" / "two_ranks.py"), "serve"]
+SERVING = r"serving two ranks on http://127\.0\.0\.1:8765"
+
+
+def small_terminal(tmp_path, *options: str) -> tuple[Terminal, str]:
+    run_dir = str(tmp_path / "run")
+    argv = [sys.executable, "-m", "diagnose.cli", "launch", *options, "--run-dir", run_dir, "--",
+            *TWO_RANKS_SERVE]
+    env = {"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "HOME": str(tmp_path)}
+    return Terminal(argv, env), run_dir
+
+
+def test_the_live_view_shows_the_command_output_as_it_comes(tmp_path):
+    terminal, run_dir = small_terminal(tmp_path)
+    try:
+        terminal.wait_for(r"rank\s+┃", 30)          # the live view's rank table
+        terminal.wait_for(SERVING, 5)               # and the output, above it
+        terminal.child.sendintr()
+        terminal.child.expect(pexpect.EOF, timeout=30)
+    finally:
+        terminal.child.close(force=True)
+    assert terminal.child.exitstatus == 130
+
+
+def test_the_tui_shows_the_output_and_leaves_the_server_address_on_the_terminal(tmp_path):
+    terminal, run_dir = small_terminal(tmp_path, "--tui")
+    try:
+        terminal.wait_for(r"command output \(output\.log\)", 30)
+        terminal.wait_for(SERVING, 5)
+        terminal.wait_for(r"server at http://127\.0\.0\.1:8765", 5)
+        terminal.child.send("q")
+        terminal.wait_for(r"stop the job, or leave it running", 10)
+        terminal.child.send("l")
+        terminal.wait_for(r"diag: the command runs on; its server: http://127\.0\.0\.1:8765", 10)
+        assert re.search(r"  \| " + SERVING, terminal.text())
+        terminal.child.sendintr()
+        terminal.child.expect(pexpect.EOF, timeout=30)
+    finally:
+        terminal.child.close(force=True)
+    assert not [p for p in psutil.process_iter(["environ"])
+                if (p.info["environ"] or {}).get("DIAG_RUN_DIR") == run_dir]

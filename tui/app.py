@@ -3,10 +3,7 @@ and shows the verdict, the rank grid and the selected rank's evidence. Nothing h
 waits on a rank: the source reads files, and a slow read only delays the next frame."""
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from rich.text import Text
@@ -18,20 +15,21 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
+from diagnose.core.output import addresses
 from diagnose.core.snapshot import Snapshot, Verdict
-from tui.grid_model import CULPRIT, GridModel, build_grid
+from tui.grid_model import build_grid, default_selection
+from tui.help_screen import HELP_KEYS, HelpScreen
+from tui.log_files import LogTail, read_log_tail, read_output_tail
+from tui.output_pane import OutputPane
 from tui.quit_screen import STOP, QuitScreen
-from tui.rank_detail import RankDetail, RankView
+from tui.rank_detail import RankDetail, RankView, stack_lines
 from tui.rank_grid import RankGrid
+from tui.status import no_ranks_text, status_text
 from tui.verdict_bar import VerdictBar
 
 POLL_INTERVAL_S = 0.25
-LOG_TAIL_LINES = 20
-LOG_TAIL_BYTES = 16 * 1024
-# A rank's own output, when whoever started the ranks split it by rank; else the
-# NCCL debug file `diag launch --nccl-debug` has each rank write.
-RANK_LOGS = ("rank-{rank}.log", "nccl-rank-{rank}.log")
 NO_CONTROLLER = "attached read-only: b and r work when the TUI runs under `diag launch --tui`"
+QUIT_HELP = "quit; while diag launch runs the job, first asks: stop it, or leave it running?"
 
 
 class Source(Protocol):
@@ -50,59 +48,27 @@ class Controller(Protocol):
     def stop(self) -> None: ...
 
 
-@dataclass
-class LogTail:
-    rank: int
-    name: str | None     # the file's name in the run dir; None: the rank has no log
-    lines: list[str]
-
-
-def read_log_tail(run_dir: str, rank: int) -> LogTail:
-    """The last lines of the rank's own log, the first of RANK_LOGS that exists."""
-    for pattern in RANK_LOGS:
-        name = pattern.format(rank=rank)
-        try:
-            with open(Path(run_dir) / name, "rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                data = log.read()
-        except FileNotFoundError:
-            continue
-        return LogTail(rank, name, data.decode(errors="replace").splitlines()[-LOG_TAIL_LINES:])
-    return LogTail(rank, None, [])
-
-
-def status_text(snapshot: Snapshot, controller: Controller | None, blocking: set[int], query: str) -> str:
-    parts = [snapshot.run_dir, f"{len(snapshot.ranks)} ranks",
-             time.strftime("%H:%M:%S UTC", time.gmtime(snapshot.taken_at))]
-    driver = snapshot.driver.phase if snapshot.driver else None
-    if driver:
-        step = f" step {driver.step}" if driver.step is not None else ""
-        parts.append(f"driver in {driver.name}{step}")
-    if snapshot.command_exit is not None:
-        parts.append(f"command exited {snapshot.command_exit}")
-    if blocking:
-        ranks = ", ".join(map(str, sorted(blocking)))
-        parts.append(f"CUDA_LAUNCH_BLOCKING=1 at the next restart: rank{'s' if len(blocking) > 1 else ''} {ranks}")
-    if query:
-        parts.append(f"filter: {query}")
-    if controller is None:
-        parts.append("read-only")
-    return " · ".join(parts)
-
-
 class DiagApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "diag"
+    ENABLE_COMMAND_PALETTE = False  # its "quit" would not ask about the job
     BINDINGS = [
-        Binding("enter", "focus_detail", "Detail"),
-        Binding("escape", "focus_grid", "Grid", show=False),
-        Binding("s", "py_spy(False)", "py-spy"),
-        Binding("n", "py_spy(True)", "native"),
-        Binding("d", "dump", "Dump all"),
-        Binding("b", "toggle_blocking", "Launch-blocking"),
-        Binding("r", "restart", "Restart"),
-        Binding("slash", "filter", "Filter"),
-        Binding("q", "quit_asking", "Quit"),
+        Binding(HELP_KEYS, "help", "Help", tooltip="this list of keys"),
+        Binding("enter", "focus_detail", "Detail",
+                tooltip="into the selected rank's detail: phases, collectives, stack, log"),
+        Binding("escape", "focus_grid", "Grid", show=False,
+                tooltip="back to the grid (and away from the filter)"),
+        Binding("s", "py_spy(False)", "py-spy", tooltip="py-spy dump of the selected rank's stacks"),
+        Binding("n", "py_spy(True)", "native", tooltip="py-spy dump --native: with C/C++ frames"),
+        Binding("d", "dump", "Dump all", tooltip="every live rank writes its stacks"),
+        Binding("b", "toggle_blocking", "Launch-blocking",
+                tooltip="CUDA_LAUNCH_BLOCKING=1 on the selected rank from the next restart"),
+        Binding("r", "restart", "Restart", tooltip="end the command's job and run it again"),
+        Binding("o", "toggle_output", "Output", tooltip="show or hide the command's output"),
+        Binding("slash", "filter", "Filter",
+                tooltip="show only some ranks (6, or 0-3,6), a state (waiting, exited, ...) or a phase"),
+        Binding("q", "quit_asking", "Quit", tooltip=QUIT_HELP),
+        Binding("ctrl+q", "quit_asking", "Quit", show=False, priority=True, tooltip=QUIT_HELP),
     ]
 
     snapshot: reactive[Snapshot | None] = reactive(None, always_update=True)  # a poll may return the same object
@@ -118,8 +84,10 @@ class DiagApp(App):
         self.controller = controller
         self.polling = False
         self.log_tail: LogTail | None = None
+        self.servers: list[str] = []     # the addresses the command's output announced
         self.spy_stacks: dict[int, tuple[str, list[str]]] = {}
         self.culprit_was_named = False
+        self.started_at = time.time()
 
     def compose(self) -> ComposeResult:
         yield VerdictBar(id="verdict")
@@ -128,8 +96,9 @@ class DiagApp(App):
             with VerticalScroll(id="grid-scroll"):
                 yield RankGrid(id="grid")
             yield RankDetail(id="detail")
-        yield Input(placeholder="filter by state (waiting, culprit, ...) or phase; empty clears",
-                    id="filter")
+        yield OutputPane(id="output")
+        yield Input(placeholder="filter by ranks (6, or 0-3,6), state (waiting, culprit, ...) or phase; "
+                                "empty clears", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -145,10 +114,11 @@ class DiagApp(App):
             self.read_source(self.selected_rank)
 
     @work(thread=True, group="poll", exit_on_error=False)
-    def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None]:
+    def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
         snapshot = self.source.snapshot()
         verdicts = self.source.verdicts(snapshot)
-        return snapshot, verdicts, read_log_tail(snapshot.run_dir, rank) if rank is not None else None
+        log = read_log_tail(snapshot.run_dir, rank) if rank is not None else None
+        return snapshot, verdicts, log, read_output_tail(snapshot.run_dir)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if not self.is_running:  # a poll that ends while the app shuts down
@@ -162,7 +132,9 @@ class DiagApp(App):
         if event.state != WorkerState.SUCCESS:
             return
         if worker.group == "poll":
-            snapshot, verdicts, self.log_tail = worker.result
+            snapshot, verdicts, self.log_tail, output = worker.result
+            self.servers = addresses(output.lines, self.servers)
+            self.query_one(OutputPane).tail = output
             self.verdicts = verdicts
             self.snapshot = snapshot
         elif worker.group == "py-spy":
@@ -193,6 +165,7 @@ class DiagApp(App):
             return
         model = build_grid(self.snapshot, self.verdicts, self.query_text)
         grid = self.query_one(RankGrid)
+        grid.no_ranks = no_ranks_text(self.snapshot, self.started_at)
         grid.model = model
         culprit_named = any(verdict.culprit_ranks for verdict in self.verdicts)
         if (not any(grid.selected in ranks for ranks in model.selectable_rows())
@@ -200,11 +173,16 @@ class DiagApp(App):
             grid.selected = default_selection(model)  # jump to a culprit once it is named
         self.culprit_was_named = culprit_named
         self.query_one(VerdictBar).verdicts = self.verdicts
-        status = status_text(self.snapshot, self.controller, self.blocking, self.query_text)
+        status = status_text(self.snapshot, self.blocking, self.query_text, self.servers,
+                             read_only=self.controller is None)
         if self.read_error:
             status += f" · reading the run dir failed: {self.read_error}"
         self.query_one("#status", Static).update(Text(status))
         self.show_detail()
+
+    @property
+    def job_over(self) -> bool:
+        return self.snapshot is not None and self.snapshot.command_exit is not None
 
     def on_rank_grid_selected(self, message: RankGrid.Selected) -> None:
         self.selected_rank = message.rank
@@ -232,6 +210,20 @@ class DiagApp(App):
         )
 
     # -- keys
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen([("the grid", RankGrid.BINDINGS), ("everywhere", self.BINDINGS),
+                                         ("asked on quit", QuitScreen.BINDINGS)]))
+
+    def action_toggle_output(self) -> None:
+        pane = self.query_one(OutputPane)
+        if pane.tail is None or pane.tail.name is None:
+            self.notify("the run dir has no output of the command (diag launch writes it)")
+        elif not pane.tail.lines:
+            self.notify("the command has printed nothing yet")
+        else:
+            pane.hidden = not pane.hidden
 
     def action_focus_detail(self) -> None:
         self.query_one(RankDetail).focus()
@@ -273,19 +265,24 @@ class DiagApp(App):
         message = "\n".join(["no stacks from:", *missing]) if missing else "every live rank dumped its stacks"
         self.call_from_thread(self.notify, message, severity="warning" if missing else "information")
 
-    def action_toggle_blocking(self) -> None:
-        rank = self.selected_rank
+    def may_act(self) -> bool:
+        """Whether the job is there to act on; if not, the TUI says why."""
         if self.controller is None:
             self.notify(NO_CONTROLLER, severity="warning")
-        elif rank is not None:
+        elif self.job_over:
+            self.notify(f"the job is over: the command exited {self.snapshot.command_exit}",
+                        severity="warning")
+        return self.controller is not None and not self.job_over
+
+    def action_toggle_blocking(self) -> None:
+        rank = self.selected_rank
+        if self.may_act() and rank is not None:
             on = self.controller.toggle_launch_blocking(rank)
             self.blocking = self.blocking | {rank} if on else self.blocking - {rank}
             self.notify(f"CUDA_LAUNCH_BLOCKING={int(on)} for rank {rank} at the next restart (r)")
 
     def action_restart(self) -> None:
-        if self.controller is None:
-            self.notify(NO_CONTROLLER, severity="warning")
-        else:
+        if self.may_act():
             self.notify("restarting the command…")
             self.spy_stacks.clear()
             self.run_controller(self.controller.restart)
@@ -295,9 +292,9 @@ class DiagApp(App):
         call()
 
     def action_quit_asking(self) -> None:
-        if self.controller is None:
+        if self.controller is None or self.job_over:
             self.exit()
-        else:
+        elif not isinstance(self.screen, QuitScreen):
             self.push_screen(QuitScreen(), self.quit_with)
 
     def quit_with(self, choice: str | None) -> None:
@@ -305,16 +302,3 @@ class DiagApp(App):
             self.controller.stop()
         if choice is not None:
             self.exit()
-
-
-def stack_lines(stacks: dict[str, list[str]]) -> list[str]:
-    """Thread by thread, outermost frame first, as a traceback reads."""
-    return [line for name, frames in stacks.items()
-            for line in (f"thread {name}", *(f"  {frame}" for frame in frames))]
-
-
-def default_selection(model: GridModel) -> int | None:
-    """The first culprit on screen, else the first rank on screen."""
-    shown = [rank for ranks in model.selectable_rows() for rank in ranks]
-    culprits = [rank for rank in shown if model.cells[rank].state == CULPRIT]
-    return (culprits or shown or [None])[0]

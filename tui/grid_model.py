@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diagnose.core.layout import parse_ranks
 from diagnose.core.snapshot import RankState, Snapshot, Verdict
-from diagnose.core.vocab import Phase
+from diagnose.core.vocab import Phase, RankStatus
 from diagnose.offline.report import RankRow, rank_rows
 
 CULPRIT, DEAD, WAITING, RUNNING, IDLE = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE"
-STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE)
+EXITED = "EXITED"   # ended normally
+ENDED = "ENDED"     # gone, with no normal end and no death to blame (stopped)
+STATES_BY_SEVERITY = (CULPRIT, DEAD, WAITING, RUNNING, IDLE, EXITED, ENDED)
 NAMED_STATES = (CULPRIT, DEAD)  # grouped lines list these ranks by number
-REPORT_WORDS = {"culprit": CULPRIT, "dead": DEAD, "victim": WAITING, "running": RUNNING}
+REPORT_WORDS = {RankStatus.CULPRIT: CULPRIT, RankStatus.DEAD: DEAD, RankStatus.VICTIM: WAITING,
+                RankStatus.RUNNING: RUNNING, RankStatus.EXITED: EXITED, RankStatus.ENDED: ENDED}
 IDLE_PHASES = (None, Phase.DEQUEUE)  # a running rank here waits for work, not on a peer
 
 GROUP_AT = 64
@@ -52,6 +56,7 @@ class GridModel:
     rows: list[StageRow]              # grid mode
     groups: list[GroupLine]           # grouped mode
     grouped: bool
+    query: str = ""                   # the filter it was built with
 
     def selectable_rows(self) -> list[list[int]]:
         """The ranks that up/down and left/right walk over, row by row."""
@@ -68,27 +73,39 @@ def make_cell(row: RankRow, state: RankState) -> RankCell:
         stage=ident.pp_rank or 0,
         column=ident.tp_rank if ident.tp_rank is not None else row.rank,
         state=IDLE if word == RUNNING and row.phase in IDLE_PHASES else word,
-        phase=row.phase or (f"after {state.phases[-1].name}" if state.phases else None),
+        phase=row.phase or last_phase(state),
         step=row.step,
         heartbeat_age=max(0.0, row.heartbeat_age_s),
         last_collective=row.last_collective,
     )
 
 
-def matches(cell: RankCell, query: str) -> bool:
-    """The `/` filter: a state word, or part of a phase name."""
+def last_phase(state: RankState) -> str | None:
+    """'after dequeue' for a rank in no phase now; its end (Phase.EXIT) is no phase
+    it was in."""
+    names = [event.name for event in state.phases if event.name != Phase.EXIT]
+    return f"after {names[-1]}" if names else None
+
+
+def matcher(query: str):
+    """The `/` filter as a test of a cell: rank numbers and ranges ("6", "0-3,6"),
+    else a state word or part of a phase name; an empty query lets every cell by."""
     query = query.strip().lower()
-    if not query:
-        return True
-    return cell.state.lower() == query or query in (cell.phase or "")
+    try:
+        ranks = parse_ranks(query)
+    except ValueError:
+        return lambda cell: not query or cell.state.lower() == query or query in (cell.phase or "")
+    return lambda cell: cell.rank in ranks
 
 
 def build_grid(snapshot: Snapshot, verdicts: list[Verdict], query: str = "") -> GridModel:
     cells = {row.rank: make_cell(row, snapshot.ranks[row.rank]) for row in rank_rows(snapshot, verdicts)}
-    shown = [cell for cell in cells.values() if matches(cell, query)]
+    matches = matcher(query)
+    shown = [cell for cell in cells.values() if matches(cell)]
     if len(cells) >= GROUP_AT:
-        return GridModel(cells, rows=[], groups=group_stages(shown), grouped=True)
-    return GridModel(cells, rows=stage_rows(cells.values(), shown), groups=[], grouped=False)
+        return GridModel(cells, rows=[], groups=group_stages(shown), grouped=True, query=query)
+    return GridModel(cells, rows=stage_rows(cells.values(), shown), groups=[], grouped=False,
+                     query=query)
 
 
 def stage_rows(all_cells, shown: list[RankCell]) -> list[StageRow]:
@@ -129,6 +146,13 @@ def group_line(stage: int, cells: list[RankCell]) -> GroupLine:
         if cell.state in NAMED_STATES:
             named.setdefault(cell.state, []).append(cell.rank)
     return GroupLine(stage, stage, counts, named, [cell.rank for cell in cells])
+
+
+def default_selection(model: GridModel) -> int | None:
+    """The first culprit on screen, else the first rank on screen."""
+    shown = [rank for ranks in model.selectable_rows() for rank in ranks]
+    culprits = [rank for rank in shown if model.cells[rank].state == CULPRIT]
+    return (culprits or shown or [None])[0]
 
 
 def move(model: GridModel, rank: int | None, dx: int, dy: int) -> int | None:

@@ -14,9 +14,11 @@ class QuitScreen(ModalScreen[str | None]):
     """Dismisses with STOP, LEAVE, or None to stay."""
 
     BINDINGS = [
-        Binding("s", "choose('stop')", "Stop the job"),
-        Binding("l", "choose('leave')", "Leave it running"),
-        Binding("escape", "choose(None)", "Cancel"),
+        Binding("s", "choose('stop')", "Stop the job",
+                tooltip="stop the job (every process of it), then quit"),
+        Binding("l", "choose('leave')", "Leave it running",
+                tooltip="quit and leave the job running: diag launch watches it to its end"),
+        Binding("escape", "choose(None)", "Cancel", tooltip="back to the TUI"),
     ]
 
     def compose(self) -> ComposeResult:

@@ -97,3 +97,9 @@ class RankDetail(VerticalScroll, can_focus=True):
         log = self.query_one("#detail-log", Static)
         log.border_title = f"log ({view.log_name})" if view.log_name else "log"
         log.update(Text(log_text(view)))
+
+
+def stack_lines(stacks: dict[str, list[str]]) -> list[str]:
+    """Thread by thread, outermost frame first, as a traceback reads."""
+    return [line for name, frames in stacks.items()
+            for line in (f"thread {name}", *(f"  {frame}" for frame in frames))]

@@ -1,6 +1,6 @@
 """The ranks at a glance: one row per PP stage, one column per TP rank, each cell
 coloured by state and saying it in a word; from GROUP_AT ranks on, one line per
-group of stages. Arrows and hjkl move the selection."""
+group of stages. The arrow keys move the selection."""
 from __future__ import annotations
 
 from rich import box
@@ -16,6 +16,7 @@ from textual.widget import Widget
 from tui.grid_model import NAMED_STATES, GridModel, GroupLine, RankCell, StageRow, move
 
 CELL_LINES = 4
+MOVE_HELP = "select another rank: up and down a stage, left and right a TP rank"
 MAX_NAMED = 6  # ranks listed by number per state on a grouped line
 
 
@@ -36,19 +37,22 @@ def cell_lines(cell: RankCell, selected: bool) -> list[str]:
 
 
 class RankGrid(Widget, can_focus=True):
+    # No h/j/k/l: htop's users know h as help and k as kill.
     BINDINGS = [
-        Binding("up,k", "move(0, -1)", "Up", show=False),
-        Binding("down,j", "move(0, 1)", "Down", show=False),
-        Binding("left,h", "move(-1, 0)", "Left", show=False),
-        Binding("right,l", "move(1, 0)", "Right", show=False),
+        Binding("up", "move(0, -1)", "Up", show=False, tooltip=MOVE_HELP),
+        Binding("down", "move(0, 1)", "Down", show=False, tooltip=MOVE_HELP),
+        Binding("left", "move(-1, 0)", "Left", show=False, tooltip=MOVE_HELP),
+        Binding("right", "move(1, 0)", "Right", show=False, tooltip=MOVE_HELP),
     ]
     COMPONENT_CLASSES = {
-        "rank-grid--culprit", "rank-grid--dead", "rank-grid--waiting",
-        "rank-grid--running", "rank-grid--idle", "rank-grid--selected", "rank-grid--stage",
+        "rank-grid--culprit", "rank-grid--dead", "rank-grid--waiting", "rank-grid--running",
+        "rank-grid--idle", "rank-grid--exited", "rank-grid--ended", "rank-grid--selected",
+        "rank-grid--stage",
     }
 
     model: reactive[GridModel | None] = reactive(None, layout=True)  # its height follows the ranks
     selected: reactive[int | None] = reactive(None)
+    no_ranks: reactive[str] = reactive("")   # what it says while the job has no rank
 
     class Selected(Message):
         def __init__(self, rank: int | None) -> None:
@@ -70,13 +74,15 @@ class RankGrid(Widget, can_focus=True):
     def render(self) -> RenderableType:
         if self.model is None:
             return Text("waiting for the first snapshot…")
+        if not self.model.cells:
+            return Text(self.no_ranks)
+        if not self.model.selectable_rows():
+            return Text(f"no rank matches the filter {self.model.query!r}")
         if self.model.grouped:
             return self.render_groups(self.model.groups)
         return self.render_rows(self.model.rows)
 
     def render_rows(self, rows: list[StageRow]) -> RenderableType:
-        if not rows:
-            return Text("no rank matches the filter")
         table = Table(box=box.ROUNDED, show_lines=True, expand=True, padding=0)
         table.add_column("", no_wrap=True)
         for column in range(len(rows[0].cells)):
@@ -93,8 +99,6 @@ class RankGrid(Widget, can_focus=True):
         return Text("\n".join(lines), style=self.state_style(cell.state, selected), no_wrap=True)
 
     def render_groups(self, groups: list[GroupLine]) -> RenderableType:
-        if not groups:
-            return Text("no rank matches the filter")
         text = Text(no_wrap=True, overflow="ellipsis")
         stage_style = self.get_component_rich_style("rank-grid--stage")
         for line in groups:

@@ -181,18 +181,13 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
         if rank in exits:
             exit = exits[rank]
             deaths[rank] = Death(rank, min(exit.at, state.heartbeat_at), exit.exitcode)
-        elif not state.alive and not stopping and not exited_cleanly(state):
+        elif not state.alive and not stopping and not state.ended_normally:
             deaths[rank] = Death(rank, state.heartbeat_at, None)
     driver = snapshot.driver
     if driver is not None and not driver.alive and (
-            snapshot.command_exit is not None or not (exited_cleanly(driver) or stopping)):
+            snapshot.command_exit is not None or not (driver.ended_normally or stopping)):
         deaths[DRIVER] = Death(DRIVER, driver.heartbeat_at, snapshot.command_exit)
     return deaths
-
-
-def exited_cleanly(state: RankState) -> bool:
-    events = state.phases + state.open_phases
-    return bool(events) and max(events, key=lambda event: event.start).name == Phase.EXIT
 
 
 def shutdown_starts(snapshot: Snapshot) -> list[float]:

@@ -2,6 +2,7 @@
 tp_size + tp_rank), and the one way a rank is named in words."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -58,3 +59,24 @@ def rank_list(ranks, driver: bool = False) -> str:
     if driver:
         runs.append("the driver")
     return runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
+
+
+MAX_PARSED_RANKS = 1 << 20
+RANK_RANGE = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
+
+
+def parse_ranks(text: str) -> set[int]:
+    """'6' -> {6}; '0-3,6' -> {0, 1, 2, 3, 6}. Raises ValueError on anything else."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        found = RANK_RANGE.fullmatch(part.strip())
+        if found is None:
+            raise ValueError(f"not a rank or a range of ranks: {part.strip()!r}")
+        low = int(found[1])
+        high = int(found[2]) if found[2] else low
+        if high < low:
+            raise ValueError(f"the range {part.strip()} runs backwards")
+        if high - low >= MAX_PARSED_RANKS:
+            raise ValueError(f"the range {part.strip()} holds more than {MAX_PARSED_RANKS} ranks")
+        ranks.update(range(low, high + 1))
+    return ranks

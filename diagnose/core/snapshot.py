@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from diagnose.core.checked import checked
 from diagnose.core.layout import rank_name
-from diagnose.core.vocab import Mention, VerdictKind
+from diagnose.core.vocab import Mention, Phase, VerdictKind
 
 
 @dataclass
@@ -118,6 +118,12 @@ class RankState:
     @property
     def phase(self) -> PhaseEvent | None:
         return self.open_phases[-1] if self.open_phases else None
+
+    @property
+    def ended_normally(self) -> bool:
+        """Its probe marked a normal interpreter end: Phase.EXIT, entered last."""
+        events = self.phases + self.open_phases
+        return bool(events) and max(events, key=lambda event: event.start).name == Phase.EXIT
 
 
 @dataclass

@@ -57,6 +57,19 @@ class VerdictKind(Name):
 HANG_KINDS = frozenset(VerdictKind) - {VerdictKind.STRAGGLER}
 
 
+class RankStatus(Name):
+    """What the rank table and the TUI call a rank, from the verdicts and whether
+    its process runs."""
+    CULPRIT = "culprit"
+    VICTIM = "victim"      # waits on a culprit (as the job stood when it was judged)
+    DEAD = "dead"          # a death verdict names it: it died, abnormally
+    EXITED = "exited"      # ended normally (its probe entered Phase.EXIT last)
+    ENDED = "ended"        # its process is gone, with no normal end marked and no verdict
+                           # that calls it a death: diag stopped it, or the job ended
+                           # after the hang
+    RUNNING = "running"
+
+
 class Mention(Name):
     """Whom a stretch of a verdict's sentence names."""
     CULPRIT = "culprit"

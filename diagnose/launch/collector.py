@@ -24,11 +24,12 @@ import psutil
 from diagnose.core import runfile
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
+from diagnose.core.schema import Document, NewerSchema, read_version
 from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot, Stop
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
 
-EXIT_FILE = "exit.json"  # written by diag launch when the command ends
+EXIT_FILE = str(Document.EXIT)  # written by diag launch when the command ends
 EXIT_FILE_BYTES = 4096
 STACKS_FILE_BYTES = 16 << 20
 HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
@@ -88,7 +89,7 @@ class Collector:
         the stop, if diag launch stopped it."""
         path = os.path.join(self.run_dir, EXIT_FILE)
         try:
-            ending = json.loads(read_small(path, EXIT_FILE_BYTES))
+            ending = read_version(Document.EXIT, json.loads(read_small(path, EXIT_FILE_BYTES)))
             code, stop = ending["command_exit"], ending.get("stop")
             if isinstance(code, int) and not isinstance(code, bool):
                 return code, None if stop is None else checked(Stop, stop)
@@ -97,6 +98,8 @@ class Collector:
             return None, None
         except OSError as error:
             problem = error.strerror
+        except NewerSchema as error:
+            problem = str(error)
         except (ValueError, KeyError, TypeError, RecursionError) as error:
             problem = f"not the JSON diag launch writes ({type(error).__name__})"
         self.notes.append(f"{EXIT_FILE}: {problem}")
@@ -194,7 +197,7 @@ def pid_alive(pid: int, create_time: float) -> bool:
 def read_stacks_file(path: str, pid: int) -> dict[str, list[str]] | None:
     """{thread: frames} from a probe's dump; None if missing, unreadable or another pid's."""
     try:
-        dump = json.loads(read_small(path, STACKS_FILE_BYTES))
+        dump = read_version(Document.STACKS, json.loads(read_small(path, STACKS_FILE_BYTES)))
         threads = dump["threads"] if dump.get("pid") == pid else None
     except (OSError, ValueError, KeyError, AttributeError, TypeError, RecursionError):
         return None

@@ -20,18 +20,19 @@ import sysconfig
 from dataclasses import replace
 
 from diagnose.core import runfile
+from diagnose.core.output import OUTPUT_LOG
+from diagnose.core.frames import faulthandler_threads, frame_label
+from diagnose.core.schema import Document, read_version
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.offline import report
-from diagnose.probe import recorder, stacks
+from diagnose.probe import recorder
 
 CUDA_ERROR_MARKERS = ("CUDA error", "device-side assert", "Triton Error [CUDA]")
 TRACEBACK_FRAMES = 8
 DEVICE_ASSERT = re.compile(r"(?P<file>[^\s:]+):(?P<line>\d+): (?P<kernel>.+?): block: \[[\d, ]*\], "
                            r"thread: \[[\d, ]*\] Assertion .* failed")
 TRITON_LAUNCH = re.compile(r"\b(\w+)\s*\[[^\]]*\]\s*\(")     # kernel[grid](args)
-FATAL_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
-FATAL_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>.+)$')
 TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
 LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] + os.sep
                       for key in ("stdlib", "platstdlib", "purelib", "platlib")})
@@ -69,9 +70,9 @@ def error_site(run_dir: str, rank: int, output: str) -> dict:
         error = _first_cuda_error(output) or error
     site = next((frame for frame in reversed(frames) if _is_program_frame(frame[0])), None)
     return {"error": error, "source": source if frames else None,
-            "site": stacks.frame_label(*site[:3]) if site else None,
+            "site": frame_label(*site[:3]) if site else None,
             "code": site[3] if site else None,
-            "frames": [stacks.frame_label(*frame[:3]) for frame in frames[-TRACEBACK_FRAMES:]]}
+            "frames": [frame_label(*frame[:3]) for frame in frames[-TRACEBACK_FRAMES:]]}
 
 
 def failed_kernel(output: str, site: dict) -> str | None:
@@ -87,7 +88,7 @@ def failed_kernel(output: str, site: dict) -> str | None:
 def _exception_frames(run_dir: str, rank: int) -> tuple[str, list[Frame]] | None:
     try:
         with open(os.path.join(run_dir, runfile.error_file_name(rank))) as source:
-            body = json.load(source)
+            body = read_version(Document.ERROR, json.load(source))
         return body["error"], [(file, int(line), name, code)
                                for file, line, name, code in body["frames"]]
     except (OSError, ValueError, KeyError, TypeError):
@@ -104,20 +105,13 @@ def _fatal_frames(run_dir: str, rank: int) -> tuple[str, list[Frame]] | None:
     if not lines or not lines[0].startswith(runfile.FATAL_MAIN_THREAD):
         return None
     main = int(lines[0].split()[-1], 16)
-    threads: dict[int, list[Frame]] = {}
-    frames = None
-    for line in lines[1:]:
-        thread = FATAL_THREAD.match(line)
-        frame = FATAL_FRAME.match(line)
-        if thread:
-            frames = threads.setdefault(int(thread[1], 16), [])
-        elif frame and frames is not None:
-            frames.insert(0, (frame["file"], int(frame["line"]), frame["name"],
-                              linecache.getline(frame["file"], int(frame["line"])).strip()))
-    if not threads.get(main):
+    frames = next((thread.frames for thread in faulthandler_threads(lines[1:])
+                   if thread.ident == main and thread.frames), None)
+    if frames is None:
         return None
     error = next((line for line in lines if line.startswith("Fatal Python error")), "")
-    return error.strip(), threads[main]
+    return error.strip(), [(file, line, name, linecache.getline(file, line).strip())
+                           for file, line, name in frames]
 
 
 def _output_traceback(output: str) -> tuple[str | None, list[Frame]]:
@@ -163,7 +157,7 @@ def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
     if rank is None:
         return None
     opts = replace(launcher.opts, run_dir=os.path.join(launcher.opts.run_dir, "blocking"),
-                   launch_blocking=str(rank), json_report=None)
+                   launch_blocking=str(rank), output=None)
     outcome = Launcher(opts).run()
     blocking_output = _read_output(opts.run_dir)
     blocking = error_site(opts.run_dir, rank, blocking_output)
@@ -179,7 +173,7 @@ def relaunch_on_cuda_error(launcher: Launcher) -> Outcome | None:
 
 def _read_output(run_dir: str) -> str:
     try:
-        with open(os.path.join(run_dir, "output.log"), "rb") as log:
+        with open(os.path.join(run_dir, OUTPUT_LOG), "rb") as log:
             return log.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""

@@ -9,11 +9,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
+from rich.text import Text
 from rich.tree import Tree
 
+from diagnose.core.frames import is_native
+from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import py_spy_dump
+from diagnose.offline.console import output_console
+
+NATIVE_STYLE = "magenta"
 
 
 def py_spy_all(snapshot: Snapshot, native: bool = False) -> tuple[dict, list[str]]:
@@ -28,7 +34,7 @@ def py_spy_all(snapshot: Snapshot, native: bool = False) -> tuple[dict, list[str
     with ThreadPoolExecutor(max_workers=max(1, len(live))) as pool:
         dumps = dict(zip(live, pool.map(lambda pid: py_spy_dump(pid, native), live.values())))
     notes = [f"{name}: {d.note}" for name, d in dumps.items() if d.note]
-    return {name: d.threads for name, d in dumps.items() if not d.note}, notes
+    return {name: d.threads for name, d in dumps.items() if d.threads is not None}, notes
 
 
 def dump_run(run_dir: str, native: bool = False) -> dict:
@@ -39,6 +45,7 @@ def dump_run(run_dir: str, native: bool = False) -> dict:
     external, spy_notes = py_spy_all(snapshot, native)
     body = {
         "taken_at": snapshot.taken_at,
+        "native": native,
         "stacks": {str(rank): s.stacks for rank, s in snapshot.ranks.items() if s.stacks},
         "py_spy": external,
         "notes": collector.notes + notes + spy_notes,
@@ -47,24 +54,38 @@ def dump_run(run_dir: str, native: bool = False) -> dict:
         body["stacks"]["driver"] = snapshot.driver.stacks
     path = os.path.join(run_dir, f"dump-{time.strftime('%Y%m%d-%H%M%S')}.json")
     with open(path, "w") as f:
-        json.dump(body, f, indent=1)
+        json.dump(stamped(Document.DUMP, body), f, indent=1)
     body["path"] = path
     return body
 
 
 def render_dump(body: dict, console: Console | None = None) -> None:
-    console = console or Console()
-    for name, threads in sorted(body["stacks"].items()):
-        tree = Tree(f"[bold]{_title(name)}[/] (probe)")
-        for thread, frames in threads.items():
-            branch = tree.add(thread)
-            for frame in frames:
-                branch.add(frame)
-        console.print(tree)
-    for name in sorted(body["py_spy"]):
-        console.print(f"{_title(name)}: py-spy stacks in {body['path']}")
+    """Each rank's stacks: the probe's own, and py-spy's where the probe gave none;
+    with --native, py-spy's for every rank, its native frames marked."""
+    console = console or output_console(highlight=False)
+    for name in sorted(set(body["stacks"]) | set(body["py_spy"]), key=_order):
+        spied = body["py_spy"].get(name)
+        if spied is not None and (body["native"] or name not in body["stacks"]):
+            source, threads = "py-spy --native" if body["native"] else "py-spy", spied
+        else:
+            source, threads = "probe", body["stacks"][name]
+        console.print(_tree(f"[bold]{_title(name)}[/] ({source})", threads))
+    console.print(f"[dim]written to {body['path']}[/]")
     for note in body["notes"]:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _tree(title: str, threads: dict[str, list[str]]) -> Tree:
+    tree = Tree(title)
+    for thread, frames in threads.items():
+        branch = tree.add(thread)
+        for frame in frames:
+            branch.add(Text(frame, style=NATIVE_STYLE) if is_native(frame) else Text(frame))
+    return tree
+
+
+def _order(name: str) -> tuple:
+    return (1, 0) if name == "driver" else (0, int(name))
 
 
 def _title(name: str) -> str:

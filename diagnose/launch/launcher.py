@@ -26,14 +26,17 @@ import psutil
 
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
+from diagnose.core import schema
+from diagnose.core.schema import Document
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS
 from diagnose.launch import claim
-from diagnose.launch.collector import EXIT_FILE, Collector, request_dump
+from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
 from diagnose.launch.job import end_job, job_processes, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
+from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
@@ -58,9 +61,10 @@ class LaunchOptions:
     launch_blocking: str | None = None  # "all" or "0,3"
     nccl_debug: str | None = None
     faults: list[faults.FaultSpec] = field(default_factory=list)
-    json_report: str | None = None
+    output: str | None = None           # -o: a copy of report.json
     marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
-    echo_output: bool = True            # copy the command's output to our stderr
+    echo_output: bool = True            # copy the command's output to our stderr (at first:
+                                        # the live view and the TUI change Launcher.output.echo)
     nnodes: int = 1                     # multi-node: the head listens, the others report to it
     node_rank: int = 0
     listen: str | None = None           # the head: HOST:PORT its agents report to
@@ -101,6 +105,7 @@ class Launcher:
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
+        self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
         self.proc: subprocess.Popen | None = None
         self.guardian: Guardian | None = None
         self.reported: set[tuple] = set()
@@ -117,28 +122,17 @@ class Launcher:
 
     # -- the command ------------------------------------------------------
     def start(self) -> None:
-        log = open(os.path.join(self.opts.run_dir, "output.log"), "wb")
         try:
             self.proc = subprocess.Popen(self.opts.command, env=command_env(self.opts),
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_end_with_launcher)
         except OSError as error:
-            log.close()
             raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
         self.guardian.watch(self.proc.pid)
-        threading.Thread(target=self._copy_output, args=(log,), daemon=True).start()
-        self._write_json("launch.json", {"command": self.opts.command, "pid": self.proc.pid,
-                                         "started_at": time.time(), **_options_json(self.opts)})
-
-    def _copy_output(self, log) -> None:
-        with log:
-            for line in iter(self.proc.stdout.readline, b""):
-                log.write(line)
-                log.flush()
-                if self.opts.echo_output:
-                    sys.stderr.buffer.write(line)
-                    sys.stderr.flush()
+        self.output.follow(self.proc.stdout)
+        self._write_json(Document.LAUNCH, {"command": self.opts.command, "pid": self.proc.pid,
+                                           "started_at": time.time(), **_options_json(self.opts)})
 
     def stop(self) -> None:
         """End the command and every process of its job, gracefully first."""
@@ -147,6 +141,7 @@ class Launcher:
         self.shm.sample([process.pid for process in self._job()])
         end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
         self.proc.wait()
+        self.output.finish()
         self._remove_shared_memory()
 
     def _job(self) -> list[psutil.Process]:
@@ -221,10 +216,10 @@ class Launcher:
     def _on_hangs(self) -> Outcome | None:
         """Dumps and reports new hangs; the outcome once they end the run."""
         fresh = [v for v in self.verdicts
-                 if v.kind in HANG_KINDS and _hang_key(v) not in self.reported]
+                 if v.kind in HANG_KINDS and verdict_key(v) not in self.reported]
         if not fresh or self._ends_soon():
             return None
-        self.reported.update(map(_hang_key, fresh))
+        self.reported.update(map(verdict_key, fresh))
         if self.opts.on_hang == "wait" or not self.role.judges:
             return None
         self.write_report(dump=True)
@@ -246,9 +241,9 @@ class Launcher:
         stop = self._stop_record() if stopped_by else None
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
-        self._write_json(EXIT_FILE, {"command_exit": self.proc.returncode,
-                                     "stopped_by": stopped_by,
-                                     "stop": None if stop is None else asdict(stop)})
+        self._write_json(Document.EXIT, {"command_exit": self.proc.returncode,
+                                         "stopped_by": stopped_by,
+                                         "stop": None if stop is None else asdict(stop)})
         if stopped_by:
             self.add_to_report(command_exit=self.proc.returncode, stopped_by=stopped_by)
         return Outcome(exit_code, self.verdicts, self.report_path)
@@ -259,6 +254,10 @@ class Launcher:
                     ranks=[rank for rank, state in now.ranks.items() if state.alive])
 
     # -- the TUI's controller, signals, and the head ----------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def request_stop(self, exit_code: int = EXIT_STOPPED, by: str = "tui") -> None:
         if not self._stop.is_set():
             self.stop_code, self.stopped_by = exit_code, by
@@ -284,7 +283,7 @@ class Launcher:
     # -- dumps and the report -------------------------------------------
     @property
     def report_path(self) -> str:
-        return os.path.join(self.opts.run_dir, "report.json")
+        return os.path.join(self.opts.run_dir, Document.REPORT)
 
     def write_report(self, dump: bool) -> dict:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
@@ -301,32 +300,32 @@ class Launcher:
             notes += spy_notes
         body["notes"] = self.notes = notes
         body["command_exit"] = self.snapshot.command_exit
-        self._write_json("report.json", body)
-        if self.opts.json_report:
-            with open(self.opts.json_report, "w") as f:
-                json.dump(body, f, indent=1, default=str)
+        self._write_report(body)
         return body
 
     def add_to_report(self, **sections) -> None:
         """More sections in the report already written."""
         with open(self.report_path) as f:
-            body = json.load(f)
-        body.update(sections)
-        self._write_json("report.json", body)
-        if self.opts.json_report:
-            with open(self.opts.json_report, "w") as f:
-                json.dump(body, f, indent=1, default=str)
+            body = schema.read_version(Document.REPORT, json.load(f))
+        self._write_report(body | sections)
+
+    def _write_report(self, body: dict) -> None:
+        self._write_json(Document.REPORT, body)
+        if self.opts.output:
+            with open(self.opts.output, "w") as f:
+                json.dump(schema.stamped(Document.REPORT, body), f, indent=1, default=str)
 
     @staticmethod
     def _stacks(snapshot: Snapshot) -> dict:
         return {str(rank): state.stacks for rank, state in snapshot.ranks.items() if state.stacks}
 
-    def _write_json(self, name: str, body: dict) -> None:
-        with open(os.path.join(self.opts.run_dir, name), "w") as f:
-            json.dump(body, f, indent=1, default=str)
+    def _write_json(self, document: Document, body: dict) -> None:
+        with open(os.path.join(self.opts.run_dir, str(document)), "w") as f:
+            json.dump(schema.stamped(document, body), f, indent=1, default=str)
 
 
-def _hang_key(verdict: Verdict) -> tuple:
+def verdict_key(verdict: Verdict) -> tuple:
+    """One verdict however long it lasts: its summary's "for N s" grows, this does not."""
     return verdict.kind, tuple(verdict.culprit_ranks)
 
 

@@ -1,6 +1,7 @@
 """The terminal side of `diag launch` and `diag demo`: the TUI, or a rich live
-view while the command runs (when stderr is a terminal), or verdict lines as
-they appear; and the report at the end."""
+view while the command runs (when stderr is a terminal) with the command's
+output above it, or the output and each verdict once as it appears; and the
+report at the end."""
 from __future__ import annotations
 
 import signal
@@ -10,8 +11,11 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
-from diagnose.launch.launcher import Launcher, Outcome
+from diagnose.core.snapshot import Snapshot
+from diagnose.launch.launcher import Launcher, Outcome, verdict_key
+from diagnose.launch.output import to_stderr
 from diagnose.launch.rundir import LauncherSource
 from diagnose.offline import report
 
@@ -39,32 +43,77 @@ def run_with_live_view(launcher: Launcher, console: Console | None = None) -> Ou
     console = console or Console(stderr=True)
     if not console.is_terminal:
         return _run_plain(launcher, console)
-    launcher.opts.echo_output = False  # the live view owns the terminal
     with Live(console=console, refresh_per_second=4, transient=True) as live, \
             stopping_on_signals(launcher):
+        launcher.output.echo = _above(live)
+
         def update(l: Launcher) -> None:
             live.update(report.renderable(l.snapshot, l.verdicts))
-        return launcher.run(on_update=update)
+        try:
+            return launcher.run(on_update=update)
+        finally:
+            launcher.output.echo = to_stderr
+
+
+def _above(live: Live):
+    """The command's lines, printed above the live view (which keeps the bottom
+    of the terminal), their colours kept."""
+    def echo(line: bytes) -> None:
+        live.console.print(Text.from_ansi(line.decode(errors="replace").rstrip("\r\n")))
+    return echo
 
 
 def _run_plain(launcher: Launcher, console: Console) -> Outcome:
-    shown: set[str] = set()
+    """Each verdict once, when it appears: a hang's sentence says "for 3 s", then
+    "for 4 s", but it is the same hang until its kind or culprit changes."""
+    shown: set[tuple] = set()
 
     def update(l: Launcher) -> None:
         for verdict in l.verdicts:
-            if verdict.summary not in shown:
-                shown.add(verdict.summary)
-                console.print(f"diag: {verdict.kind}: {verdict.summary}")
+            if verdict_key(verdict) not in shown:
+                shown.add(verdict_key(verdict))
+                console.print(f"diag: {verdict.kind}: {verdict.summary}", soft_wrap=True)
     with stopping_on_signals(launcher):
         return launcher.run(on_update=update)
 
 
 def print_outcome(launcher: Launcher, outcome: Outcome) -> None:
-    report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes)
+    if nothing_probed(launcher.snapshot):
+        _print_unprobed_end(launcher)
+    else:
+        report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes)
     print(f"report: {outcome.report_path}", file=sys.stderr)
     if launcher.stopped_by not in (None, "hang"):
         print(f"diag: stopped by {launcher.stopped_by}: the command's processes were ended",
               file=sys.stderr)
+
+
+def nothing_probed(snapshot: Snapshot) -> bool:
+    """No process of the command started the probe: no rank, no driver."""
+    return not snapshot.ranks and snapshot.driver is None
+
+
+def _print_unprobed_end(launcher: Launcher) -> None:
+    """A command that ends before any rank or driver started has nothing for the
+    analysis to judge; a failure then is the command's own, at start-up."""
+    code = launcher.proc.returncode
+    ended = f"was ended by signal {-code}" if code < 0 else f"exited {code}"
+    where = f"no probe file in {launcher.opts.run_dir}"
+    if launcher.stopped_by is not None:
+        print(f"diag: the command was stopped before any rank or driver started ({where})",
+              file=sys.stderr)
+    elif code == 0:
+        print(f"diag: the command exited 0, and no process of it started the probe ({where}): "
+              f"nothing to judge", file=sys.stderr)
+    else:
+        print(f"diag: the command failed at start-up: it {ended} before any rank or driver "
+              f"started ({where}); its last lines:", file=sys.stderr)
+        _print_lines(launcher.output.last_lines())
+
+
+def _print_lines(lines: list[str]) -> None:
+    for line in lines or ["(it printed nothing)"]:
+        print(f"  | {line}", file=sys.stderr)
 
 
 def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
@@ -72,7 +121,7 @@ def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
     the TUI either stops the run or leaves it to finish under the plain view."""
     from tui.app import DiagApp
 
-    launcher.opts.echo_output = False
+    launcher.output.echo = None
     result: dict[str, Outcome | Exception] = {}
 
     def watch() -> None:
@@ -88,11 +137,29 @@ def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
         app.run()
         if stop_on_exit:
             launcher.request_stop()
-        launcher.opts.echo_output = True
+        _print_after_tui(launcher)
+        launcher.output.echo = to_stderr    # what the command prints from now on
         watcher.join()
     if "error" in result:
         raise result["error"]
     return result["outcome"]
+
+
+def _print_after_tui(launcher: Launcher) -> None:
+    """What the TUI showed of the command's own output, now that the terminal is
+    the shell's again: its last lines, and where its server listens if it runs on."""
+    if launcher.proc is None:
+        return
+    running = launcher.proc.poll() is None
+    if not running and launcher.snapshot is not None and nothing_probed(launcher.snapshot):
+        return  # print_outcome says how it ended, with these lines
+    if launcher.output.last_lines():
+        print(f"diag: the command's last lines (all of its output: {launcher.output.path}):",
+              file=sys.stderr)
+        _print_lines(launcher.output.last_lines())
+    if launcher.output.servers and running and not launcher.stopping:
+        print(f"diag: the command runs on; its server: {', '.join(launcher.output.servers)}",
+              file=sys.stderr)
 
 
 class TuiController:

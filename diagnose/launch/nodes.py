@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from diagnose.core.link import Codec, HandshakeError, Limits, Link
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
+from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
@@ -206,7 +207,7 @@ class NodeHub:
     def _save(self, report: NodeReport) -> None:
         path = node_file(self.run_dir, report.node_rank)
         with open(path + ".tmp", "w") as f:
-            json.dump(asdict(report), f, default=str)
+            json.dump(stamped(Document.NODE, asdict(report)), f, default=str)
         os.replace(path + ".tmp", path)
 
     # -- what the head's launcher asks of it --------------------------------
@@ -281,7 +282,7 @@ def read_reports(run_dir: str) -> tuple[list[NodeReport], list[str]]:
             continue
         try:
             body = json.loads(read_small(os.path.join(run_dir, name), LIMITS.max_bytes))
-            reports.append(checked(NodeReport, body))
+            reports.append(checked(NodeReport, read_version(Document.NODE, body)))
         except (OSError, ValueError, RecursionError) as error:
             notes.append(f"{name}: {error}")
     return reports, notes

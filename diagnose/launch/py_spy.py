@@ -9,20 +9,38 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from diagnose.probe.stacks import frame_label
+from diagnose.core.frames import frame_label, is_native, native_label
 
 
 @dataclass
 class ExternalStacks:
     threads: dict[str, list[str]] | None  # None when py-spy gave nothing
-    note: str | None = None               # why not, in one line
+    note: str | None = None               # why not (or why not native), in one line
 
 
 def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0) -> ExternalStacks:
-    """`py-spy dump --json` of another process (needs ptrace rights over it)."""
+    """`py-spy dump --json` of another process (needs ptrace rights over it). With
+    native, C/C++ frames too, marked as such; where py-spy cannot give them, its
+    Python frames, with a note that says why."""
     exe = shutil.which("py-spy") or _beside_python("py-spy")
     if exe is None:
         return ExternalStacks(None, "py-spy is not installed (pip install py-spy)")
+    stacks = _run(exe, pid, native, timeout)
+    if not native:
+        return stacks
+    if stacks.threads is None:
+        python_only = _run(exe, pid, False, timeout)
+        if python_only.threads is None:
+            return python_only          # no stacks at all: --native is not the cause
+        return ExternalStacks(python_only.threads, f"no native frames for pid {pid}: "
+                                                   f"{stacks.note}; Python frames only")
+    if not any(is_native(frame) for frames in stacks.threads.values() for frame in frames):
+        stacks.note = (f"py-spy --native gave no native frame for pid {pid} (its build may "
+                       f"not unwind native stacks on this platform); Python frames only")
+    return stacks
+
+
+def _run(exe: str, pid: int, native: bool, timeout: float) -> ExternalStacks:
     command = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -53,12 +71,14 @@ def _failure_note(pid: int, stderr: str) -> str:
 
 
 def _threads_from_json(dump: list[dict]) -> dict[str, list[str]]:
-    """py-spy lists frames innermost first; ours are outermost first."""
+    """py-spy lists frames innermost first; ours are outermost first. A native
+    frame is one py-spy names a library ("module") for."""
     threads = {}
     for thread in dump:
         name = thread.get("thread_name") or f"thread {thread['thread_id']}"
         if name in threads:
             name = f"{name} ({thread['thread_id']})"
-        threads[name] = [frame_label(frame["filename"], frame["line"], frame["name"])
+        threads[name] = [native_label(frame["module"], frame["name"]) if frame.get("module")
+                         else frame_label(frame["filename"], frame["line"], frame["name"])
                          for frame in reversed(thread["frames"])]
     return threads

@@ -1,8 +1,9 @@
 """Opening what `diag analyze`, `diag dump` and `diag tui` are pointed at: a run
-dir (the probes' files, read live by the collector) or a directory of PyTorch
-Flight Recorder dumps (read once). The sources here are what the TUI shows: a
-snapshot, its verdicts, and the two actions it may take on the ranks (a stacks
-dump, py-spy)."""
+dir (the probes' files, read live by the collector), a directory of PyTorch
+Flight Recorder dumps, or torch.distributed.debug's dump directory (each read
+once; a directory of both gets the debug dump's stacks on the dumps' ranks).
+The sources here are what the TUI shows: a snapshot, its verdicts, and the two
+actions it may take on the ranks (a stacks dump, py-spy)."""
 from __future__ import annotations
 
 import glob
@@ -15,6 +16,7 @@ from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
 from diagnose.offline.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
+from diagnose.offline.torch_debug import DebugDumpError, looks_like_debug_dir, read_debug_dir
 
 
 class RunDirError(Exception):
@@ -27,6 +29,11 @@ class Source:
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
+
+    @property
+    def group_names(self) -> dict[str, set[str]]:
+        """Other names of a group (torch's pg name and desc) -> the labels diag shows."""
+        return {}
 
     def request_dump(self) -> list[str]:
         """Every live rank writes its stacks; one note per rank that did not."""
@@ -60,9 +67,14 @@ class DumpSource(Source):
     in them counts as a hang unless a stall limit says otherwise."""
     post_mortem = True
 
-    def __init__(self, path: str, snapshot: Snapshot, notes: list[str]):
+    def __init__(self, path: str, snapshot: Snapshot, notes: list[str],
+                 group_names: dict[str, set[str]] | None = None):
         super().__init__(path)
-        self._snapshot, self._notes = snapshot, notes
+        self._snapshot, self._notes, self._names = snapshot, notes, group_names or {}
+
+    @property
+    def group_names(self) -> dict[str, set[str]]:
+        return self._names
 
     @property
     def notes(self) -> list[str]:
@@ -78,8 +90,9 @@ class DumpSource(Source):
         return ["Flight Recorder dumps hold no live ranks to dump"]
 
 
-def open_run(path: str) -> RunDirSource | DumpSource:
-    """The source for `path`, once it has shown something readable."""
+def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
+    """The source for `path`, once it has shown something readable; prefix names
+    the Flight Recorder dumps (PREFIX<rank>) as torchfrtrace's -p does."""
     if not os.path.exists(path):
         raise RunDirError(f"no run dir at {path}: no such file or directory")
     if not os.path.isdir(path):
@@ -88,15 +101,32 @@ def open_run(path: str) -> RunDirSource | DumpSource:
     if not os.access(path, os.R_OK | os.X_OK):
         raise RunDirError(f"cannot read the run dir {path}: permission denied")
     if glob.glob(os.path.join(path, "*.probe")):
+        if prefix is not None:
+            raise RunDirError(f"--prefix names Flight Recorder dump files; {path} is a run dir")
         return _probe_source(path)
-    if looks_like_fr_dir(path):
-        try:
-            run = read_fr_dir(path)
-        except FlightRecorderError as error:
-            raise RunDirError(str(error)) from None
-        return DumpSource(path, run.snapshot, run.notes)
+    try:
+        if prefix is not None or looks_like_fr_dir(path):
+            return _dump_source(path, prefix)
+        if looks_like_debug_dir(path):
+            debug = read_debug_dir(path)
+            return DumpSource(path, debug.snapshot, debug.notes)
+    except (FlightRecorderError, DebugDumpError) as error:
+        raise RunDirError(str(error)) from None
     raise RunDirError(f"no readable probe file in {path}: neither a run dir (no *.probe files) "
                       f"nor a directory of Flight Recorder dumps, or no rank has started yet")
+
+
+def _dump_source(path: str, prefix: str | None) -> DumpSource:
+    run = read_fr_dir(path, prefix)
+    notes = run.notes
+    if looks_like_debug_dir(path):
+        debug = read_debug_dir(path)
+        for rank, state in run.snapshot.ranks.items():
+            shown = debug.snapshot.ranks.get(rank)
+            if shown is not None:
+                state.stacks, state.frame = shown.stacks, state.frame or shown.frame
+        notes.append(f"{debug.stacks_file}: each rank's stacks, from torch.distributed.debug")
+    return DumpSource(path, run.snapshot, notes, run.group_names)
 
 
 def _probe_source(path: str) -> RunDirSource:

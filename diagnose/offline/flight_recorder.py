@@ -14,7 +14,8 @@ The files are unpickled by an unpickler that refuses every global: a dump is
 built from dicts, lists, tuples, strings and numbers only, so nothing in it
 can run code. A file's size is checked before it is read, and every field the
 reader takes is checked for its type and range (fr_entries.py). The rank is
-the number that ends the file name. The snapshot is taken at the newest time
+the number that ends the file name; with a prefix (torchfrtrace's -p), only
+files named PREFIX<rank> are dumps, the rank the digits after the prefix. The snapshot is taken at the newest time
 any dump records: ages come from the dumps' own clock, not the files' times.
 
 What the conversion cannot know: there are no phases, so a culprit is named
@@ -29,10 +30,7 @@ damaged probe file is, and never makes its waiters culprits.
 """
 from __future__ import annotations
 
-import ast
-import functools
 import gc
-import itertools
 import os
 import pickle
 import re
@@ -41,16 +39,18 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from diagnose.core import progress
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
 from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
+from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
+from diagnose.offline.torch_debug import is_debug_file
 
+BAR_FROM_DUMPS = 64        # fewer take well under a second
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
 MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
 MAX_ENTRIES = 1 << 17       # entries read from one dump, the last ones (the default ring: 2000)
-MAX_GROUPS = 1 << 16        # pg_config entries read from one dump
-MAX_RANKS_TEXT = 1 << 20    # a pg_config rank list, as text
 
 
 class FlightRecorderError(Exception):
@@ -61,6 +61,7 @@ class FlightRecorderError(Exception):
 class FlightRecorderRun:
     snapshot: Snapshot
     notes: list[str]        # files skipped or read in part, and why
+    group_names: dict[str, set[str]]  # torch's names of a group (pg name, desc) -> diag's labels
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -107,8 +108,11 @@ def _unpickle(name: str, source) -> object:
 
 
 def looks_like_fr_dir(path: str) -> bool:
-    """True if the directory holds a file that starts like a pickle."""
+    """True if the directory holds a file that starts like a pickle (and is not
+    one of torch.distributed.debug's text dumps)."""
     for name in _files(path):
+        if is_debug_file(name):
+            continue
         try:
             with open(os.path.join(path, name), "rb") as source:
                 if source.read(1) == PICKLE_PROTOCOL_MARK:
@@ -118,7 +122,7 @@ def looks_like_fr_dir(path: str) -> bool:
     return False
 
 
-def read_fr_dir(path: str) -> FlightRecorderRun:
+def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     """Every readable dump in `path` as one Snapshot; unreadable ones become notes.
     The snapshot is taken at the newest time any dump records, so that ages
     come from the dumps' own clock wherever the files were copied to."""
@@ -126,12 +130,11 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
     dumps: dict[int, _Dump] = {}
     unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
     with _gc_paused():
-        for name in _files(path):
-            match = RANK_IN_NAME.search(name)
-            if match is None:
-                notes.append(f"{name}: no rank number at the end of the name, skipped")
-                continue
-            rank = int(match.group(1))
+        files = _dump_files(path, prefix, notes)
+        if len(files) >= BAR_FROM_DUMPS:
+            files = progress.track(files, f"reading {len(files)} Flight Recorder dumps", "dumps",
+                                   lambda file: file[0], summary=False)
+        for name, rank in files:
             if rank in dumps:
                 notes.append(f"{name}: a second dump of rank {rank}, skipped")
                 continue
@@ -143,10 +146,10 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
         if not dumps:
             reason = "; ".join(notes) if notes else "the directory is empty"
             raise FlightRecorderError(f"{path}: no readable Flight Recorder dump ({reason})")
-        groups = _groups(dumps, set(unreadable))
+        groups = resolve_groups(dumps, set(unreadable))
         records: dict[int, list[CollectiveRecord]] = {}
         for rank, dump in sorted(dumps.items()):
-            _place(dump.records, groups[rank])
+            place(dump.records, groups[rank])
             records[rank] = dump.records
         members = {group.label: group.members for by_name in groups.values()
                    for group in by_name.values()}
@@ -162,7 +165,31 @@ def read_fr_dir(path: str) -> FlightRecorderRun:
         ranks[rank] = _rank_state(rank, [], highest + 1, members, taken_at)
     snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
                         unreadable=unreadable)
-    return FlightRecorderRun(snapshot, notes)
+    return FlightRecorderRun(snapshot, notes, group_names(dumps, groups))
+
+
+def _dump_files(path: str, prefix: str | None, notes: list[str]) -> list[tuple[str, int]]:
+    """(file name, rank) of every dump: the number that ends the name, or with a
+    prefix the digits after it in names that have it."""
+    found = []
+    for name in _files(path):
+        if is_debug_file(name):
+            continue                     # torch.distributed.debug's text, read by torch_debug
+        if prefix is None:
+            match = RANK_IN_NAME.search(name)
+            digits = match.group(1) if match else ""
+        else:
+            at = name.find(prefix)
+            digits = name[at + len(prefix):] if at >= 0 else ""
+            if not digits.isdigit():
+                continue                 # not PREFIX<rank>: no dump of this prefix
+        if not digits.isdigit() or len(digits) > 9:
+            notes.append(f"{name}: no rank number at the end of the name, skipped")
+            continue
+        found.append((name, int(digits)))
+    if prefix is not None and not found and not notes:
+        raise FlightRecorderError(f"{path}: no file named {prefix}<rank> (--prefix {prefix})")
+    return found
 
 
 @contextmanager
@@ -223,107 +250,7 @@ def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
         entries = records_of(dump["entries"][-MAX_ENTRIES:])
     except BadEntry as error:
         raise FlightRecorderError(f"{name}: {error}") from None
-    return _Dump(_config(dump.get("pg_config")), entries.pgs, entries.records, entries.newest)
-
-
-def _config(config) -> dict[str, tuple[str, frozenset[int]]]:
-    """pg name -> (desc, ranks). A rank list is read once however many pgs share
-    it (a pickle can point every pg at one long list)."""
-    found, parsed = {}, {}
-    pgs = itertools.islice(config.items(), MAX_GROUPS) if isinstance(config, dict) else ()
-    for pg_name, pg in pgs:
-        if isinstance(pg, dict) and isinstance(pg_name, (str, int)) and pg_name != "":
-            desc, ranks = pg.get("desc"), pg.get("ranks")
-            if id(ranks) not in parsed:
-                parsed[id(ranks)] = frozenset(_parse_ranks(ranks))
-            found[str(pg_name)] = (desc if isinstance(desc, str) else "", parsed[id(ranks)])
-    return found
-
-
-@dataclass
-class _Group:
-    label: str              # the name records carry: the pg's description, or pg<name>
-    members: list[int]      # global ranks, sorted
-
-
-def _groups(dumps: dict[int, _Dump], unreadable: set[int]) -> dict[int, dict[str, _Group]]:
-    """rank -> pg name -> its group, over every rank's pg_config and entries. A pg
-    name whose dumps list different ranks (split_group, or a group of one made
-    on each rank) is one group per set of ranks. The default group holds every
-    rank with a dump, readable or not."""
-    descs: dict[str, str] = {}
-    rank_sets: dict[str, dict[int, frozenset[int]]] = defaultdict(dict)  # as each dump lists them
-    seen: dict[str, set[int]] = defaultdict(set)                         # ranks with entries in it
-    for rank, dump in dumps.items():
-        for pg_name, (desc, ranks) in dump.config.items():
-            descs.setdefault(pg_name, desc)
-            if ranks:
-                rank_sets[pg_name][rank] = ranks
-        for pg_name, desc in dump.pgs.items():
-            descs.setdefault(pg_name, desc)
-            seen[pg_name].add(rank)
-    uses = defaultdict(int)
-    for desc in descs.values():
-        uses[desc] += 1
-    groups: dict[int, dict[str, _Group]] = {rank: {} for rank in dumps}
-    for pg_name, desc in descs.items():
-        label = ("world" if desc == "default_pg" else desc
-                 if desc and desc != "undefined" and uses[desc] == 1 else f"pg{pg_name}")
-        listed = rank_sets[pg_name]
-        variants = set(listed.values())
-        made: dict[frozenset[int], _Group] = {}
-        for rank in dumps:
-            ranks = listed.get(rank) or (next(iter(variants)) if len(variants) == 1
-                                         else frozenset(seen[pg_name]))
-            if desc == "default_pg":
-                ranks = ranks | set(dumps) | unreadable
-            if ranks not in made:
-                name = label if len(variants) < 2 else f"{label}{_rank_text(ranks)}"
-                made[ranks] = _Group(name, sorted(ranks))
-            groups[rank][pg_name] = made[ranks]
-    return groups
-
-
-def _rank_text(ranks) -> str:
-    return "[" + ",".join(map(str, sorted(ranks))) + "]"
-
-
-def _parse_ranks(text) -> list[int]:
-    if isinstance(text, str):
-        return list(_parse_rank_text(text)) if len(text) <= MAX_RANKS_TEXT else []
-    return _rank_list(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_rank_text(text: str) -> tuple[int, ...]:
-    """Every dump repeats its groups' rank lists: each text is parsed once."""
-    try:
-        return tuple(_rank_list(ast.literal_eval(text)))
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        return ()
-
-
-def _rank_list(ranks) -> list[int]:
-    if isinstance(ranks, (list, tuple)) and all(
-            isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2 ** 31
-            for rank in ranks):
-        return list(ranks)
-    return []
-
-
-def _place(records: list[CollectiveRecord], groups: dict[str, _Group]) -> None:
-    """Gives each record its group's label and its peer's global rank, and
-    numbers send/recv per (group, op, peer)."""
-    p2p_counts: dict[tuple, int] = defaultdict(int)
-    for record in records:
-        group = groups.get(record.group) or _Group(f"pg{record.group}", [])
-        record.group = group.label
-        if record.peer is not None:
-            local, members = record.peer, group.members
-            record.peer = members[local] if local < len(members) else local
-            key = (record.group, record.op, record.peer)
-            record.seq = p2p_counts[key]
-            p2p_counts[key] += 1
+    return _Dump(config_of(dump.get("pg_config")), entries.pgs, entries.records, entries.newest)
 
 
 def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],

@@ -14,7 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
-from diagnose.core.vocab import Mention
+from diagnose.core.vocab import Mention, RankStatus, VerdictKind
+from diagnose.offline.console import fills_screen, output_console
 
 CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
@@ -26,7 +27,7 @@ CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA er
 class RankRow:
     rank: int
     stage: str              # "3/0" (pp rank/tp rank), or "" outside a TP x PP layout
-    state: str              # culprit, victim, dead, running
+    state: RankStatus
     phase: str | None
     step: int | None
     heartbeat_age_s: float
@@ -34,44 +35,79 @@ class RankRow:
     frame: str
 
 
-def rank_rows(snapshot: Snapshot, verdicts: list[Verdict]) -> list[RankRow]:
-    culprits = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
-    victims = {rank for verdict in verdicts for rank in verdict.victim_ranks}
+def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
+              groups: set[str] | None = None) -> list[RankRow]:
+    """One row per rank; with groups, its last collective is its last in them."""
     rows = []
+    status = _statuses(verdicts)
     for rank, state in snapshot.ranks.items():
         phase = state.open_phases[-1] if state.open_phases else None
         steps = [event.step for event in state.open_phases + state.phases if event.step is not None]
         rows.append(RankRow(
-            rank=rank, stage=_stage(state),
-            state=("culprit" if rank in culprits else "dead" if not state.alive
-                   else "victim" if rank in victims else "running"),
+            rank=rank, stage=_stage(state), state=status(rank, state),
             phase=phase.name if phase else None, step=max(steps) if steps else None,
             heartbeat_age_s=round(max(0.0, snapshot.taken_at - state.heartbeat_at), 3),
-            last_collective=_last_collective(state), frame=state.frame))
+            last_collective=_last_collective(state, groups), frame=state.frame))
     return rows
 
 
-def to_json(snapshot: Snapshot, verdicts: list[Verdict]) -> dict:
+def _statuses(verdicts: list[Verdict]):
+    """A rank's status as the verdicts see it. A process that is gone is dead
+    only where a death verdict names it; a job judged as it stood before its
+    processes ended (a post-mortem, a stopped hang, a synth dir) has ranks that
+    wait, with an old heartbeat, and ranks that ended: normally (exited), or
+    otherwise with no death to blame (ended)."""
+    culprits = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    victims = {rank for verdict in verdicts for rank in verdict.victim_ranks}
+    died = {rank for verdict in verdicts if verdict.kind == VerdictKind.DEAD
+            for rank in verdict.culprit_ranks + verdict.victim_ranks}
+
+    def status(rank: int, state: RankState) -> RankStatus:
+        if rank in culprits:
+            return RankStatus.CULPRIT
+        if not state.alive and rank in died:
+            return RankStatus.DEAD
+        if rank in victims:
+            return RankStatus.VICTIM
+        if state.alive:
+            return RankStatus.RUNNING
+        return RankStatus.EXITED if state.ended_normally else RankStatus.ENDED
+    return status
+
+
+def to_json(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None) -> dict:
+    rows = rank_rows(snapshot, verdicts) if rows is None else rows
     return {"verdicts": [asdict(verdict) for verdict in verdicts],
-            "ranks": [asdict(row) for row in rank_rows(snapshot, verdicts)]}
+            "ranks": [asdict(row) for row in rows]}
 
 
-def renderable(snapshot: Snapshot, verdicts: list[Verdict]) -> Group:
-    """One screen: the verdict sentence over a table of every rank."""
-    return Group(Panel(_verdict_lines(verdicts), title=f"diag: {snapshot.run_dir}",
-                       border_style="red" if verdicts else "green"),
-                 _rank_table(rank_rows(snapshot, verdicts)))
+def renderable(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None,
+               expand: bool = True) -> Group:
+    """One screen: the verdict sentence over a table of every rank (or of `rows`).
+    expand: fill the console's width; else keep to the content, cutting nothing."""
+    rows = rank_rows(snapshot, verdicts) if rows is None else rows
+    return Group(Panel(_verdict_lines(snapshot, verdicts), title=f"diag: {snapshot.run_dir}",
+                       border_style="red" if verdicts else "green", expand=expand),
+                 _rank_table(rows, expand))
 
 
 def render(snapshot: Snapshot, verdicts: list[Verdict], console: Console | None = None,
-           notes: list[str] | None = None) -> None:
-    console = console or Console()
-    console.print(renderable(snapshot, verdicts))
+           notes: list[str] | None = None, rows: list[RankRow] | None = None,
+           caption: str | None = None) -> None:
+    """The screen on a terminal; to a pipe or a file, every field whole."""
+    console = console or output_console()
+    console.print(renderable(snapshot, verdicts, rows, expand=fills_screen(console)))
+    if caption:
+        console.print(Text(caption, style="dim"))
     for note in notes or []:
         console.print(Text(f"note: {note}", style="dim"))
 
 
-def _verdict_lines(verdicts: list[Verdict]) -> Group | Text:
+def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict]) -> Group | Text:
+    if not verdicts and not any(state.phases or state.collectives
+                                for state in snapshot.ranks.values()):
+        return Text("no verdict: no rank recorded a phase or a collective to judge by",
+                    style="yellow")
     if not verdicts:
         return Text("no hang, death or straggler found", style="green")
     lines = []
@@ -89,20 +125,21 @@ def summary_text(verdict: Verdict, styles: dict[Mention, object]) -> Text:
     return text
 
 
-def _rank_table(rows: list[RankRow]) -> Table:
-    """One line per rank, cut to the screen's width; columns no rank has a value
-    for are left out."""
+def _rank_table(rows: list[RankRow], expand: bool) -> Table:
+    """One line per rank; columns no rank has a value for are left out. Filling
+    the screen, the frame column gives way to the others, cut to `…`."""
     cells = [[str(row.rank), row.stage, row.state, row.phase or "",
               "" if row.step is None else str(row.step), f"{row.heartbeat_age_s:.1f}s",
               row.last_collective, row.frame] for row in rows]
     headers = ("rank", "pp/tp", "state", "phase", "step", "hb age", "last collective", "frame")
     shown = [index for index in range(len(headers)) if any(cell[index] for cell in cells)]
-    table = Table(show_edge=False, pad_edge=False, expand=True)
+    table = Table(show_edge=False, pad_edge=False, expand=expand)
     for index in shown:
-        flexible = headers[index] == "frame"          # the one column that gives way
+        flexible = expand and headers[index] == "frame"
         table.add_column(headers[index], no_wrap=True, overflow="ellipsis",
                          ratio=1 if flexible else None)
-    styles = {"culprit": CULPRIT_STYLE, "victim": VICTIM_STYLE, "dead": "red"}
+    styles = {RankStatus.CULPRIT: CULPRIT_STYLE, RankStatus.VICTIM: VICTIM_STYLE,
+              RankStatus.DEAD: "red", RankStatus.EXITED: "dim", RankStatus.ENDED: "dim"}
     for row, cell in zip(rows, cells):
         table.add_row(*[cell[index] or "-" for index in shown], style=styles.get(row.state))
     return table
@@ -115,10 +152,12 @@ def _stage(state: RankState) -> str:
     return f"{ident.pp_rank}/{ident.tp_rank}"
 
 
-def _last_collective(state: RankState) -> str:
-    if not state.collectives:
+def _last_collective(state: RankState, groups: set[str] | None) -> str:
+    records = state.collectives if groups is None else [
+        record for record in state.collectives if record.group in groups]
+    if not records:
         return ""
-    record = state.collectives[-1]
+    record = records[-1]
     waiting = " waiting" if record.state != "completed" else ""
     return f"{collective_label(record)}{waiting}"
 
@@ -129,13 +168,13 @@ def collective_label(record: CollectiveRecord) -> str:
     return f"{record.group} {record.op}{peer} #{record.seq}"
 
 
-def cuda_error_table(body: dict) -> Table:
+def cuda_error_table(body: dict, expand: bool = True) -> Table:
     """--relaunch-on-cuda-error: where the CUDA error surfaced in the first run,
     beside where it was raised with CUDA_LAUNCH_BLOCKING=1 on the rank."""
     first, blocking = body["first_run"], body["launch_blocking_run"]
     kernel = f": kernel {body['kernel']}" if body["kernel"] else ""
     table = Table(title=f"CUDA error on rank {body['rank']}{kernel}", show_edge=False,
-                  expand=True, title_style="bold red")
+                  expand=expand, title_style="bold red")
     table.add_column("", style="bold", no_wrap=True)
     table.add_column("first run: where it surfaced", ratio=1)
     table.add_column(f"CUDA_LAUNCH_BLOCKING=1 on rank {body['rank']}: where it was raised",
@@ -151,4 +190,5 @@ def cuda_error_table(body: dict) -> Table:
 
 
 def render_cuda_error(body: dict, console: Console | None = None) -> None:
-    (console or Console(stderr=True)).print(cuda_error_table(body))
+    console = console or output_console(stderr=True)
+    console.print(cuda_error_table(body, expand=fills_screen(console)))

@@ -15,8 +15,10 @@ Liveness. The probe files name this process (pid, create time, this host), as
 a probe names the rank that writes it. While it runs, the collector finds the
 ranks alive; `SynthRun.beat` moves their heartbeats the way the probe's
 heartbeat thread does in a hung job (in a hang nothing else moves). Once the
-process is gone the files are those of a job whose processes died, and the
-analysis judges the hang as it stood before the deaths, as after a real run.
+process is gone the files are those of a job that has ended, and the analysis
+judges the hang as it stood before, as after a real run: the ranks wait (their
+heartbeat is just old), and none reads as dead, since no verdict calls the
+end a death (report.rank_rows).
 """
 from __future__ import annotations
 

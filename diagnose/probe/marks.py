@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from diagnose import probe
+from diagnose.core.schema import Document, read_version, stamped
 from diagnose.probe import torch_dist
 
 MARKS_VAR = "DIAG_MARKS"       # marks separated by ';'
@@ -99,7 +100,7 @@ def _note_armed(mark: Mark) -> None:
     run_dir = os.environ.get(probe.RUN_DIR_VAR)
     if not run_dir:
         return
-    line = json.dumps({"mark": str(mark), "pid": os.getpid()}) + "\n"
+    line = json.dumps(stamped(Document.MARK, {"mark": str(mark), "pid": os.getpid()})) + "\n"
     try:
         with open(os.path.join(run_dir, ARMED_FILE), "a") as sink:
             sink.write(line)
@@ -132,7 +133,7 @@ def _armed_marks(run_dir: str) -> set[str]:
     armed = set()
     for line in lines:
         try:
-            armed.add(str(json.loads(line)["mark"]))
+            armed.add(str(read_version(Document.MARK, json.loads(line))["mark"]))
         except (ValueError, KeyError, TypeError):
             continue
     return armed

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import os
 
+from diagnose.core import layout
+
 LAUNCH_BLOCKING_VAR = "DIAG_LAUNCH_BLOCKING"   # "all" or "0,3"
 NCCL_DEBUG_VAR = "DIAG_NCCL_DEBUG"             # an NCCL_DEBUG level: WARN, INFO, TRACE
 
 
 def parse_ranks(text: str) -> set[int] | None:
-    """"all" -> None (every rank); "0,3" -> {0, 3}. Raises ValueError."""
+    """"all" -> None (every rank); "0,3" -> {0, 3}; "0-3" -> {0, 1, 2, 3}. Raises ValueError."""
     if text == "all":
         return None
     try:
-        ranks = {int(part) for part in text.split(",")}
-    except ValueError:
-        raise ValueError(f"--launch-blocking takes 'all' or ranks like 0,3, not {text!r}") from None
-    if any(rank < 0 for rank in ranks):
-        raise ValueError(f"--launch-blocking ranks must be >= 0, not {text!r}")
-    return ranks
+        return layout.parse_ranks(text)
+    except ValueError as error:
+        raise ValueError(f"--launch-blocking takes 'all' or ranks like 0,3 or 0-3; {error}") from None
 
 
 def apply(run_dir: str, rank: int | None) -> None:

@@ -15,6 +15,8 @@ import traceback
 from collections import deque
 
 from diagnose.core import runfile
+from diagnose.core.frames import frame_label
+from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import DeviceWork
 from diagnose.core.vocab import STEP_PHASES, Phase
 from diagnose.probe import faults, stacks
@@ -109,7 +111,7 @@ class Recorder:
         path = os.path.join(self.run_dir, runfile.error_file_name(self.rank))
         try:
             with open(path, "w") as sink:
-                json.dump(body, sink)
+                json.dump(stamped(Document.ERROR, body), sink)
         except OSError:
             pass
 
@@ -195,7 +197,7 @@ class Recorder:
         key = (id(code), frame.f_lasti)
         site = self.sites.get(key)
         if site is None:
-            site = self.sites[key] = stacks.frame_label(
+            site = self.sites[key] = frame_label(
                 code.co_filename, frame.f_lineno, code.co_name).encode()
         return site
 
@@ -287,7 +289,7 @@ class Recorder:
         frame = sys._current_frames().get(self.traced_thread)
         if frame is None:
             return ""
-        return stacks.frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        return frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def on_fatal_signal(path: str):

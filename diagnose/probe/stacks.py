@@ -8,12 +8,8 @@ import sys
 import threading
 import time
 
-
-def frame_label(filename: str, lineno: int, function: str) -> str:
-    """The last directory and the file name keep labels short but unambiguous."""
-    parent, name = os.path.split(filename)
-    short = f"{os.path.basename(parent)}/{name}" if parent else name
-    return f"{short}:{lineno} {function}"
+from diagnose.core.frames import frame_label
+from diagnose.core.schema import Document, stamped
 
 
 def frames_of(frame) -> list[str]:
@@ -44,6 +40,6 @@ def write_stacks_file(path: str, stacks: dict[str, list[str]], pid: int,
     """Written beside, then renamed: a reader sees the old file or the new one."""
     tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
     with open(tmp, "w") as out:
-        json.dump({"pid": pid, "taken_at": time.time(), "request": request,
-                   "threads": stacks}, out)
+        json.dump(stamped(Document.STACKS, {"pid": pid, "taken_at": time.time(),
+                                            "request": request, "threads": stacks}), out)
     os.replace(tmp, path)

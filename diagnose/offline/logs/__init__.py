@@ -23,13 +23,20 @@ one finding with a count and its first and last time.
 """
 from __future__ import annotations
 
+import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+
+from diagnose.core import progress
 
 from diagnose.offline.logs.model import Finding, Kind, Severity
 from diagnose.offline.logs.reader import LogReadError, chunks, open_text
 from diagnose.offline.logs.render import render, to_json
 from diagnose.offline.logs.scan import Scanner
 from diagnose.offline.logs.story import tell
+
+MB = 1 << 20
+BAR_FROM_MB = 32          # smaller logs take under a second or two
 
 __all__ = ["Finding", "Kind", "LogReadError", "Report", "Severity", "render", "scan_file",
            "scan_files", "to_json"]
@@ -52,19 +59,42 @@ def scan_files(paths: list[str]) -> Report:
     """Every readable file of paths, read as one story (ranks' logs may be split
     over several files); the others are named in errors."""
     scanner, errors = Scanner(), []
-    for path in paths:
-        try:
-            source = open_text(path)
-        except LogReadError as error:
-            errors.append(str(error))
-            continue
-        with source:
+    megabytes = _megabytes(paths)
+    with (progress.bar("reading logs", megabytes, "MB", summary=False)
+          if megabytes >= BAR_FROM_MB else nullcontext(progress.quiet)) as advance:
+        for path in paths:
             try:
-                scanner.scan(path, chunks(source))
-            except OSError as error:
-                errors.append(f"{path}: {(error.strerror or str(error)).lower()}")
+                source = open_text(path)
+            except LogReadError as error:
+                errors.append(str(error))
+                continue
+            with source:
+                try:
+                    scanner.scan(path, _counted(chunks(source), source, path, advance))
+                except OSError as error:
+                    errors.append(f"{path}: {(error.strerror or str(error)).lower()}")
     findings = tell(scanner) if scanner.files else []
     return Report(findings, scanner.files, errors, scanner.dropped)
+
+
+def _megabytes(paths: list[str]) -> int:
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(os.stat(path).st_size)
+        except OSError:
+            pass                           # named in the report's errors when it is read
+    return round(sum(sizes) / MB)
+
+
+def _counted(chunks, source, path: str, advance):
+    """The chunks, the bar advanced by the megabytes read after each."""
+    counted = 0
+    for lines in chunks:
+        yield lines
+        read = source.tell()
+        advance((read - counted) / MB, os.path.basename(path))
+        counted = read
 
 
 def scan_file(path: str) -> list[Finding]:

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.text import Text
 
+from diagnose.offline.console import output_console
 from diagnose.offline.logs.model import Finding, Severity
 
 MAX_LINKS = 12           # links of a chain shown; the JSON has them all
@@ -29,7 +30,7 @@ def to_json(findings: list[Finding]) -> list[dict]:
 
 def render(findings: list[Finding], files: list[str], dropped: int = 0,
            console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or output_console(highlight=False)
     names = ", ".join(os.path.basename(path) for path in files)
     console.print(Text(f"diag logs: {names}", style="bold"))
     if not any(finding.severity != Severity.NOTE for finding in findings):

@@ -1,0 +1,77 @@
+"""diag analyze PATH: the post-mortem of a run dir, of PyTorch Flight Recorder
+dumps, or of torch.distributed.debug's dump directory; the content decides which.
+Dumps are written once a job is already stuck, so there every wait counts as a
+hang unless --stall-timeout says otherwise; a run dir uses the learned limits."""
+from __future__ import annotations
+
+import json
+
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.cli.common import (EXIT_HEALTHY, EXIT_VERDICTS, JUDGED_CODES, UsageError,
+                                 add_command, add_output, emit_json, flag_value, open_source)
+from diagnose.core import schema
+from diagnose.core.layout import parse_ranks
+
+EXAMPLES = ["diag analyze runs/20250101-120000",
+            "diag analyze /tmp/fr_dumps --ranks 0-3,6 --groups tp1",
+            "diag analyze /tmp/fr_dumps -p nccl_trace_rank_ --json > verdicts.json",
+            "diag analyze /tmp/debug_dumps          # torch.distributed.debug's dump_dir",
+            "diag analyze RUN_DIR --perfetto trace.json   # open it in ui.perfetto.dev"]
+
+
+def add_analyze(commands) -> None:
+    parser = add_command(commands, "analyze", "name the culprit of a hang from a run dir, "
+                         "Flight Recorder dumps or torch.distributed.debug dumps",
+                         JUDGED_CODES, EXAMPLES, description=__doc__.split("\n\n")[0])
+    a = parser.add_argument
+    a("path", help="a run dir, a directory of Flight Recorder dumps, or torch.distributed"
+                   ".debug's dump_dir")
+    add_output(parser, "the verdicts and the ranks shown")
+    a("--perfetto", metavar="FILE", help="also write a Chrome/Perfetto trace of every rank")
+    a("--stall-timeout", metavar="SECONDS|auto", type=flag_value(
+        "--stall-timeout", Thresholds.parse, keep_text=False),
+      help="seconds without progress that make a hang (default: auto for a run dir, 0 for "
+           "dumps)")
+    a("--ranks", metavar="RANKS", type=flag_value("--ranks", parse_ranks, keep_text=False),
+      help="show only these ranks, e.g. 0-3,6 (torchfrtrace's --selected-ranks); the "
+           "analysis still judges every rank")
+    a("--groups", metavar="GROUP[,GROUP]", type=lambda text: text.split(","),
+      help="show only the ranks of these process groups and their calls there: diag's "
+           "names (tp0, world) or torch's pg name or desc (torchfrtrace's --pg-filters)")
+    a("-p", "--prefix", metavar="PREFIX",
+      help="Flight Recorder dumps are the files named PREFIX<rank>, e.g. nccl_trace_rank_ "
+           "(torchfrtrace's -p; default: any file whose name ends in its rank)")
+    parser.set_defaults(run=analyze_command)
+
+
+def analyze_command(args) -> int:
+    from diagnose.offline.report import render, to_json
+    from diagnose.offline.selection import Selection, SelectionError
+
+    source = open_source(args.path, args.prefix)
+    snapshot, notes = source.snapshot(), source.notes
+    verdicts = source.verdicts(snapshot, args.stall_timeout)
+    selection = Selection(args.ranks, args.groups)
+    try:
+        rows = selection.rows(snapshot, verdicts, source.group_names)
+    except SelectionError as error:
+        raise UsageError(str(error)) from None
+    if args.perfetto:
+        _write_perfetto(snapshot, args.perfetto)
+    body = to_json(snapshot, verdicts, rows) | {"notes": notes}
+    if selection.narrows:
+        body["shown"] = selection.to_json(rows, snapshot)
+    emit_json(schema.Document.ANALYZE, body, args)
+    if not args.json:
+        render(snapshot, verdicts, notes=notes, rows=rows,
+               caption=selection.caption(rows, snapshot))
+    return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
+
+
+def _write_perfetto(snapshot, path: str) -> None:
+    from diagnose.offline.perfetto import to_perfetto
+    try:
+        with open(path, "w") as sink:
+            json.dump(schema.stamped(schema.Document.TRACE, to_perfetto(snapshot)), sink)
+    except OSError as error:
+        raise UsageError(f"--perfetto {path}: {error.strerror}") from None

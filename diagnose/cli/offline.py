@@ -1,0 +1,94 @@
+"""The commands that read or write files only: diag logs, diag synth."""
+from __future__ import annotations
+
+import os
+import sys
+
+from diagnose.cli.common import (EXIT_ERROR, EXIT_HEALTHY, EXIT_VERDICTS, UsageError,
+                                 add_command, add_output, emit_json)
+from diagnose.core import schema
+
+
+def add_logs(commands) -> None:
+    parser = add_command(
+        commands, "logs", "read vLLM, torchrun and NCCL logs: the first failure, its rank, "
+        "and the chain after it",
+        "  0    nothing beyond notes\n  1    findings (a failure, a hang, a warning)\n"
+        "  2    also when a file could not be read: the others are still reported",
+        ["diag logs serve.log", "diag logs rank*.log     # one log per rank, read as one job",
+         "diag logs vllm.log --json | jq '.findings[0]'"])
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="log files, read together as one job (e.g. one log per rank)")
+    add_output(parser, "the findings")
+    parser.set_defaults(run=logs_command)
+
+
+def logs_command(args) -> int:
+    from diagnose.offline.logs import render, scan_files, to_json
+
+    report = scan_files(args.files)
+    for error in report.errors:
+        print(f"diag: {error}", file=sys.stderr)
+    if not report.files:
+        raise UsageError("no log file could be read")
+    emit_json(schema.Document.LOGS, {"files": report.files, "findings": to_json(report.findings),
+                                     "dropped": report.dropped, "errors": report.errors}, args)
+    if not args.json:
+        render(report.findings, report.files, report.dropped)
+    if report.errors:
+        return EXIT_ERROR
+    return EXIT_VERDICTS if report.faults else EXIT_HEALTHY
+
+
+def add_synth(commands) -> None:
+    parser = add_command(
+        commands, "synth", "write a synthetic run dir of N ranks with a planted culprit, to "
+        "try diag tui/analyze at scale", "  0    written (with --beat: after Ctrl-C)",
+        ["diag synth /tmp/big --ranks 1024 --culprit 1000",
+         "diag synth /tmp/big --beat        # ranks that look alive; diag tui /tmp/big elsewhere",
+         "diag synth /tmp/fr --ranks 64 --fr-dumps && diag analyze /tmp/fr/fr"])
+    a = parser.add_argument
+    a("out", help="the run dir to write (new, or empty)")
+    a("--ranks", type=int, default=1024, help="TP x PP ranks (default 1024)")
+    a("--tp", type=int, default=8, help="TP size (default 8); PP = ranks / tp")
+    a("--culprit", type=int, help="the rank that hangs (default: ranks / 2)")
+    a("--kind", default="never_reached", help="how it hangs: never_reached (default), "
+      "stuck_in_phase or collective_missing_peers")
+    a("--fr-dumps", action="store_true",
+      help="also write one Flight Recorder dump per rank to OUT/fr")
+    a("--fr-entries", type=int, default=2000,
+      help="entries per dump (default 2000, torch's default ring)")
+    a("--beat", action="store_true", help="then keep the ranks' heartbeats moving, as in a "
+      "live hung job, until Ctrl-C (without it the dir reads as a job that has ended)")
+    parser.set_defaults(run=synth_command)
+
+
+def synth_command(args) -> int:
+    from diagnose.offline import synth, synth_fr
+
+    culprit = args.ranks // 2 if args.culprit is None else args.culprit
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise UsageError(f"{args.out}: not empty; synth writes a new run dir")
+    try:
+        job = synth.hung_job(args.ranks, args.tp, culprit, args.kind)
+        if args.fr_dumps:
+            synth_fr.write_fr_dumps(os.path.join(args.out, synth.FR_DIR), args.ranks, args.tp,
+                                    culprit, args.fr_entries)
+        run = synth.write_run_dir(job.snapshot(), args.out)
+    except synth.SynthError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"{args.out}: {error.strerror}") from None
+    print(f"wrote {args.out}: {args.ranks} ranks (tp={args.tp} x pp={args.ranks // args.tp}), "
+          f"rank {culprit} planted as {args.kind}")
+    if args.fr_dumps:
+        print(f"wrote {os.path.join(args.out, synth.FR_DIR)}: {args.ranks} Flight Recorder "
+              f"dumps of {args.fr_entries} entries, rank {culprit} missed a TP all_reduce")
+    print(f"try: diag tui {args.out}   or   diag analyze {args.out}")
+    if args.beat:
+        print("beating: the ranks look alive while this runs; Ctrl-C to stop", flush=True)
+        try:
+            run.beat_forever()
+        except KeyboardInterrupt:
+            pass
+    return EXIT_HEALTHY

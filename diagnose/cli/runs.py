@@ -1,0 +1,72 @@
+"""The commands that look at a run dir from outside it: diag dump (every rank's
+stacks now), diag tui (watch it), diag demo (a run of its own to watch)."""
+from __future__ import annotations
+
+import importlib.util
+
+from diagnose.cli.common import (EXIT_HEALTHY, UsageError, add_command, add_output, emit_json,
+                                 open_source)
+from diagnose.core import schema
+
+
+def add_dump(commands) -> None:
+    parser = add_command(
+        commands, "dump", "stacks of every rank of a live run, now: the probe's own, and "
+        "py-spy's from outside", "  0    dumped (ranks that did not answer are notes)",
+        ["diag dump runs/20250101-120000",
+         "diag dump RUN_DIR --native      # py-spy's stacks with C/C++ frames, marked [native]",
+         "diag dump RUN_DIR --json | jq '.stacks'"])
+    parser.add_argument("run_dir", help="the run dir of a live diag launch")
+    parser.add_argument("--native", action="store_true",
+                        help="also show py-spy's stacks with native (C/C++) frames, marked "
+                             "as such; needs ptrace rights over the ranks")
+    add_output(parser, "the stacks")
+    parser.set_defaults(run=dump_command)
+
+
+def dump_command(args) -> int:
+    from diagnose.launch.dump import dump_run, render_dump
+    open_source(args.run_dir)  # one-line errors for a missing or foreign dir
+    body = emit_json(schema.Document.DUMP, dump_run(args.run_dir, native=args.native), args)
+    if not args.json:
+        render_dump(body)
+    return EXIT_HEALTHY
+
+
+def add_tui(commands) -> None:
+    parser = add_command(commands, "tui", "watch a run dir live: which rank is stuck where, "
+                         "and why", "  0    the TUI was closed",
+                         ["diag tui runs/20250101-120000", "diag tui /tmp/big   # after "
+                          "diag synth /tmp/big --beat"])
+    parser.add_argument("run_dir", help="the run dir of a live or finished run, or a "
+                                        "directory of Flight Recorder dumps")
+    parser.set_defaults(run=tui_command)
+
+
+def tui_command(args) -> int:
+    from tui.app import DiagApp
+    DiagApp(open_source(args.run_dir)).run()
+    return EXIT_HEALTHY
+
+
+def add_demo(commands) -> None:
+    parser = add_command(commands, "demo", "watch a hang being found: tiny-llama at tp=2 "
+                         "pp=4 on the CPU, rank 6 never reaches execute_model",
+                         "  0    the demo named rank 6\n  1    it did not (a bug: please "
+                         "report it)", ["diag demo", "diag demo --no-tui --run-dir /tmp/demo"])
+    parser.add_argument("--run-dir", help="where the demo's run goes (default: "
+                                          "runs/demo-<time>)")
+    parser.add_argument("--no-tui", action="store_true", help="plain live view even on a terminal")
+    parser.set_defaults(run=demo_command)
+
+
+def demo_command(args) -> int:
+    from diagnose.launch.claim import RunDirError
+    from diagnose.launch.demo import run_demo
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("diag demo runs the engine, which needs torch: "
+                         "pip install 'hangscope[engine]' (or ./setup.sh in a checkout)")
+    try:
+        return run_demo(args.run_dir, use_tui=not args.no_tui)
+    except RunDirError as error:
+        raise UsageError(str(error)) from None

@@ -1,0 +1,54 @@
+"""The version of every JSON document diag writes (docs/json.md describes each).
+
+A writer stamps its body with `stamped`; a reader of diag's own files takes it
+through `read_version`, which accepts every version up to the current one (a
+file without the field is version 1, as diag wrote it before the field
+existed) and refuses a newer one with one line. A version goes up when a
+field changes meaning or goes away; a new field does not need one.
+"""
+from __future__ import annotations
+
+from diagnose.core.vocab import Name
+
+FIELD = "schema_version"
+
+
+class Document(Name):
+    REPORT = "report.json"              # diag launch's report (and its -o copy)
+    EXIT = "exit.json"                  # how the command ended
+    LAUNCH = "launch.json"              # what diag launch ran, with which options
+    NODE = "node-N.json"                # a multi-node head's last report of node N
+    STACKS = "stacks-R.json"            # a probe's stacks dump
+    ERROR = "error-R.json"              # the exception that left a phase
+    MARK = "marks.jsonl"                # one line per armed --mark
+    DUMP = "dump"                       # diag dump --json, and dump-<time>.json
+    ANALYZE = "analyze"                 # diag analyze --json
+    LOGS = "logs"                       # diag logs --json
+    TRACE = "trace"                     # diag analyze --perfetto
+
+
+CURRENT = {document: 1 for document in Document}
+
+
+class NewerSchema(ValueError):
+    """A file written by a newer diag, in a version this one does not read."""
+
+
+def stamped(document: Document, body: dict) -> dict:
+    """The body with its schema version first."""
+    return {FIELD: CURRENT[document], **body}
+
+
+def read_version(document: Document, body: object) -> dict:
+    """The body without its version field; NewerSchema for a version past the
+    current one, ValueError for a body that is no object or a version that is
+    no whole number. The messages leave the file's name to the caller."""
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    version = body.get(FIELD, 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"{FIELD} {str(version)[:20]!r} is no version")
+    if version > CURRENT[document]:
+        raise NewerSchema(f"{FIELD} {version} is newer than this diag reads "
+                          f"({CURRENT[document]}): upgrade hangscope to read it")
+    return {key: value for key, value in body.items() if key != FIELD}

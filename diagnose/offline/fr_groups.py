@@ -1,0 +1,136 @@
+"""The process groups of a directory of Flight Recorder dumps: who is in each,
+and the label diag gives it.
+
+Every dump lists its groups in 'pg_config' (pg name -> desc and ranks; gloo's is
+empty) and names a group in each entry by (pg name, desc). A group is labelled
+by its desc where that is unique ("tp0"), "world" for the default group, else
+pg<name>; a pg name whose dumps list different ranks (split_group, or a group of
+one made on each rank) is one group per set of ranks.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+
+from diagnose.core.snapshot import CollectiveRecord
+
+MAX_GROUPS = 1 << 16        # pg_config entries read from one dump
+MAX_RANKS_TEXT = 1 << 20    # a pg_config rank list, as text
+
+
+def config_of(config) -> dict[str, tuple[str, frozenset[int]]]:
+    """pg name -> (desc, ranks). A rank list is read once however many pgs share
+    it (a pickle can point every pg at one long list)."""
+    found, parsed = {}, {}
+    pgs = itertools.islice(config.items(), MAX_GROUPS) if isinstance(config, dict) else ()
+    for pg_name, pg in pgs:
+        if isinstance(pg, dict) and isinstance(pg_name, (str, int)) and pg_name != "":
+            desc, ranks = pg.get("desc"), pg.get("ranks")
+            if id(ranks) not in parsed:
+                parsed[id(ranks)] = frozenset(_parse_ranks(ranks))
+            found[str(pg_name)] = (desc if isinstance(desc, str) else "", parsed[id(ranks)])
+    return found
+
+
+@dataclass
+class Group:
+    label: str              # the name records carry: the pg's description, or pg<name>
+    members: list[int]      # global ranks, sorted
+
+
+def resolve_groups(dumps: dict, unreadable: set[int]) -> dict[int, dict[str, Group]]:
+    """rank -> pg name -> its group, over every rank's pg_config and entries. A pg
+    name whose dumps list different ranks (split_group, or a group of one made
+    on each rank) is one group per set of ranks. The default group holds every
+    rank with a dump, readable or not."""
+    descs: dict[str, str] = {}
+    rank_sets: dict[str, dict[int, frozenset[int]]] = defaultdict(dict)  # as each dump lists them
+    seen: dict[str, set[int]] = defaultdict(set)                         # ranks with entries in it
+    for rank, dump in dumps.items():
+        for pg_name, (desc, ranks) in dump.config.items():
+            descs.setdefault(pg_name, desc)
+            if ranks:
+                rank_sets[pg_name][rank] = ranks
+        for pg_name, desc in dump.pgs.items():
+            descs.setdefault(pg_name, desc)
+            seen[pg_name].add(rank)
+    uses = defaultdict(int)
+    for desc in descs.values():
+        uses[desc] += 1
+    groups: dict[int, dict[str, Group]] = {rank: {} for rank in dumps}
+    for pg_name, desc in descs.items():
+        label = ("world" if desc == "default_pg" else desc
+                 if desc and desc != "undefined" and uses[desc] == 1 else f"pg{pg_name}")
+        listed = rank_sets[pg_name]
+        variants = set(listed.values())
+        made: dict[frozenset[int], Group] = {}
+        for rank in dumps:
+            ranks = listed.get(rank) or (next(iter(variants)) if len(variants) == 1
+                                         else frozenset(seen[pg_name]))
+            if desc == "default_pg":
+                ranks = ranks | set(dumps) | unreadable
+            if ranks not in made:
+                name = label if len(variants) < 2 else f"{label}{_rank_text(ranks)}"
+                made[ranks] = Group(name, sorted(ranks))
+            groups[rank][pg_name] = made[ranks]
+    return groups
+
+
+def _rank_text(ranks) -> str:
+    return "[" + ",".join(map(str, sorted(ranks))) + "]"
+
+
+def _parse_ranks(text) -> list[int]:
+    if isinstance(text, str):
+        return list(_parse_rank_text(text)) if len(text) <= MAX_RANKS_TEXT else []
+    return _rank_list(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_rank_text(text: str) -> tuple[int, ...]:
+    """Every dump repeats its groups' rank lists: each text is parsed once."""
+    try:
+        return tuple(_rank_list(ast.literal_eval(text)))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return ()
+
+
+def _rank_list(ranks) -> list[int]:
+    if isinstance(ranks, (list, tuple)) and all(
+            isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2 ** 31
+            for rank in ranks):
+        return list(ranks)
+    return []
+
+
+def place(records: list[CollectiveRecord], groups: dict[str, Group]) -> None:
+    """Gives each record its group's label and its peer's global rank, and
+    numbers send/recv per (group, op, peer)."""
+    p2p_counts: dict[tuple, int] = defaultdict(int)
+    for record in records:
+        group = groups.get(record.group) or Group(f"pg{record.group}", [])
+        record.group = group.label
+        if record.peer is not None:
+            local, members = record.peer, group.members
+            record.peer = members[local] if local < len(members) else local
+            key = (record.group, record.op, record.peer)
+            record.seq = p2p_counts[key]
+            p2p_counts[key] += 1
+
+
+def group_names(dumps: dict, groups: dict[int, dict[str, Group]]
+                 ) -> dict[str, set[str]]:
+    """Each name torch gives a group (its pg name, its desc) and diag's own label
+    -> the labels diag gives it (one pg name may be several groups)."""
+    names: dict[str, set[str]] = defaultdict(set)
+    for rank, by_name in groups.items():
+        dump = dumps[rank]
+        for pg_name, group in by_name.items():
+            desc = dump.config.get(pg_name, ("", None))[0] or dump.pgs.get(pg_name, "")
+            for name in (pg_name, desc, group.label):
+                if name:
+                    names[name].add(group.label)
+    return dict(names)

@@ -1,0 +1,71 @@
+"""diag dump of a live rank: the probe's own stacks, and with --native py-spy's,
+its native frames marked as such; a py-spy that cannot give native frames is
+said to, with why."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from diagnose.launch import py_spy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANK = ("import time\nfrom diagnose import probe\n"
+        "probe.init('worker', rank=0, world_size=1, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)\n"
+        "with probe.phase('execute_model', step=3):\n"
+        "    print('in', flush=True)\n"
+        "    time.sleep(60)\n")
+
+
+def diag(*args):
+    return subprocess.run([sys.executable, "-m", "diagnose.cli", "dump", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=os.environ | {"COLUMNS": "80"})
+
+
+@pytest.fixture
+def live_rank(tmp_path):
+    rank = subprocess.Popen([sys.executable, "-c", RANK], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env=os.environ | {"DIAG_RUN_DIR": str(tmp_path)})
+    try:
+        assert rank.stdout.readline() == "in\n"
+        yield tmp_path
+    finally:
+        rank.kill()
+        rank.wait()
+        rank.stdout.close()
+
+
+def test_native_dump_shows_py_spys_native_frames_marked(live_rank):
+    plain, native = diag(live_rank), diag(live_rank, "--native", "-o", live_rank / "d.json")
+    assert plain.returncode == native.returncode == 0, plain.stderr + native.stderr
+    assert "rank 0 (probe)" in plain.stdout and "[native]" not in plain.stdout
+    assert "rank 0 (py-spy --native)" in native.stdout
+    assert any(line.strip(" │├└─").startswith("[native] ") for line in native.stdout.splitlines())
+    body = json.loads((live_rank / "d.json").read_text())
+    assert body["schema_version"] == 1 and body["native"] is True
+    [frames] = [frames for frames in body["py_spy"]["0"].values()
+                if "<string>:6 <module>" in frames]          # the main thread, in time.sleep
+    assert frames[-1].startswith("[native] ")                # innermost: in C, sleeping
+
+
+STUB = """#!/bin/sh
+# A py-spy whose build cannot unwind native stacks (the real one here can).
+case "$*" in *--native*) echo "Error: native stack traces are not supported" >&2; exit 1;; esac
+echo '[{"thread_id": 7, "thread_name": "MainThread", "frames": [{"name": "main",
+  "filename": "/app/serve.py", "module": null, "line": 3}]}]'
+"""
+
+
+def test_a_py_spy_without_native_frames_says_so_and_gives_pythons(tmp_path, monkeypatch):
+    """A test double: the py-spy installed here does unwind native stacks."""
+    stub = tmp_path / "py-spy"
+    stub.write_text(textwrap.dedent(STUB))
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    stacks = py_spy.py_spy_dump(1234, native=True)
+    assert stacks.threads == {"MainThread": ["app/serve.py:3 main"]}
+    assert stacks.note == ("no native frames for pid 1234: py-spy dump of pid 1234 failed: "
+                           "Error: native stack traces are not supported; Python frames only")
