@@ -174,7 +174,7 @@ def main() -> None:
             "systems": [asdict(s) for s in args.system_list], "machine": platform.platform(),
             "max_model_len": MAX_MODEL_LEN, "rounds": rounds, "summary": summary}
     Path(args.output).write_text(json.dumps(body, indent=1))
-    print(f"wrote {args.output}")
+    print(f"wrote {args.output}; each server's log and the client's results are in {work}")
 
 
 if __name__ == "__main__":
