@@ -59,14 +59,15 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attention
         return _decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
     query_starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
-    decodes = [b for b in range(len(seq_lens)) if query_starts[b + 1] - query_starts[b] == 1]
+    query_lens = [end - start for start, end in zip(query_starts, query_starts[1:])]
+    decodes = [b for b, n in enumerate(query_lens) if n == 1]
     out = torch.empty_like(q)
     if decodes:
         rows = torch.tensor([query_starts[b] for b in decodes])
         index = torch.tensor(decodes)
         out[rows] = _decode_attention(q[rows], k_cache, v_cache, meta.block_tables[index],
                                       meta.seq_lens[index], scale)
-    for b in sorted(set(range(len(seq_lens))) - set(decodes)):
+    for b in (b for b, n in enumerate(query_lens) if n > 1):
         rows = slice(query_starts[b], query_starts[b + 1])
         out[rows] = _chunk_attention(q[rows], k_cache, v_cache, meta.block_tables[b], seq_lens[b], scale)
     return out
