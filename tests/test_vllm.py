@@ -127,6 +127,7 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
 
 def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
         tmp_path, checkpoint, cache):
+    shm_before = shm_files()
     plain_port = free_port()
     plain = Server.start(serve_command(checkpoint, plain_port, 2, 1), plain_port, cache, 2,
                          tmp_path / "plain.log")
@@ -150,3 +151,4 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     assert body["verdicts"] == []
     assert len(texts) >= 10 and set(texts) == {reference}, (reference, set(texts))
     assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]
+    assert_nothing_left(checkpoint, shm_before)

@@ -20,6 +20,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from diagnose.launch.leftovers import SharedMemoryTracker
+
 REPO = Path(__file__).resolve().parents[1]
 VLLM = REPO / ".venv-vllm" / "bin" / "vllm"
 MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
@@ -59,12 +63,16 @@ def serve_command(checkpoint: Path, port: int, tp: int, pp: int) -> list[str]:
 @dataclass
 class Server:
     """A vLLM server, started as `command` (vllm serve, or diag launch around it),
-    with a TMPDIR of its own: short, since vLLM puts unix sockets there."""
+    with a TMPDIR of its own: short, since vLLM puts unix sockets there. Plain vLLM
+    0.32 stopped with SIGINT leaves its TP workers' vllm_dist_*cpushm* segments in
+    /dev/shm; finish() removes what the server's processes held and nobody holds now,
+    as diag launch does for the jobs it runs."""
     process: subprocess.Popen
     port: int
     log: Path
     tmp: str
     errors: list[str] = field(default_factory=list)
+    shm: SharedMemoryTracker = field(default_factory=SharedMemoryTracker)
 
     @classmethod
     def start(cls, command: list[str], port: int, cache: Path, world_size: int,
@@ -82,6 +90,7 @@ class Server:
             assert self.process.poll() is None, f"ended before ready:\n{self.tail()}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    self._note_shared_memory()
                     return time.monotonic() - start
             except (urllib.error.URLError, OSError):
                 time.sleep(1.0)
@@ -109,7 +118,15 @@ class Server:
         return thread
 
     def interrupt(self, pid: int | None = None) -> None:
+        self._note_shared_memory()
         os.kill(pid or self.process.pid, signal.SIGINT)
+
+    def _note_shared_memory(self) -> None:
+        try:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        self.shm.sample([self.process.pid, *(child.pid for child in tree)])
 
     def finish(self, timeout: float = 180) -> int:
         try:
@@ -120,6 +137,7 @@ class Server:
             raise AssertionError(f"did not end in {timeout:.0f} s:\n{self.tail()}") from None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            self.shm.remove_leftovers()
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
