@@ -22,7 +22,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -84,16 +83,7 @@ def one_round(system: System, checkpoint: Path, work: Path, args) -> dict:
                           work / "cache", 1, log, cwd=cwd)
     try:
         server.wait_ready()
-        result = work / f"{system.name}-{system.dtype}-{port}.json"
-        subprocess.run([str(VLLM), "bench", "serve", "--backend", "openai", "--base-url",
-                        f"http://127.0.0.1:{port}", "--model", "tiny", "--tokenizer",
-                        str(checkpoint), "--dataset-name", "random", "--random-input-len",
-                        str(args.input_len), "--random-output-len", str(args.output_len),
-                        "--num-prompts", str(args.num_prompts), "--max-concurrency",
-                        str(args.concurrency), "--ignore-eos", "--save-result",
-                        "--result-dir", str(work), "--result-filename", result.name],
-                       check=True, capture_output=True, timeout=1800)
-        return json.loads(result.read_text())
+        return server.bench(checkpoint, work / f"{system.name}-{system.dtype}-{port}.json", args)
     finally:
         server.interrupt()
         server.finish()

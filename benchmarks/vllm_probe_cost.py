@@ -17,7 +17,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,16 +40,7 @@ def one_round(mode: str, checkpoint: Path, cache: Path, work: Path, args) -> dic
     server = Server.start(command, port, cache, args.tp, work / f"{mode}-{port}.log")
     try:
         server.wait_ready()
-        result = work / f"{mode}-{port}.json"
-        subprocess.run([str(VLLM), "bench", "serve", "--backend", "openai", "--base-url",
-                        f"http://127.0.0.1:{port}", "--model", "tiny", "--tokenizer",
-                        str(checkpoint), "--dataset-name", "random", "--random-input-len",
-                        str(args.input_len), "--random-output-len", str(args.output_len),
-                        "--num-prompts", str(args.num_prompts), "--max-concurrency",
-                        str(args.concurrency), "--ignore-eos", "--save-result",
-                        "--result-dir", str(work), "--result-filename", result.name],
-                       check=True, capture_output=True, timeout=1800)
-        return json.loads(result.read_text())
+        return server.bench(checkpoint, work / f"{mode}-{port}.json", args)
     finally:
         server.interrupt()
         server.finish()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from diagnose.launch.collector import Collector

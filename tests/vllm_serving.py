@@ -139,5 +139,18 @@ class Server:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.shm.remove_leftovers()
 
+    def bench(self, checkpoint: Path, result: Path, args) -> dict:
+        """vLLM's own client against this server (`vllm bench serve`, random prompts of
+        fixed lengths, --ignore-eos); its result JSON."""
+        subprocess.run([str(VLLM), "bench", "serve", "--backend", "openai", "--base-url",
+                        f"http://127.0.0.1:{self.port}", "--model", "tiny", "--tokenizer",
+                        str(checkpoint), "--dataset-name", "random", "--random-input-len",
+                        str(args.input_len), "--random-output-len", str(args.output_len),
+                        "--num-prompts", str(args.num_prompts), "--max-concurrency",
+                        str(args.concurrency), "--ignore-eos", "--save-result",
+                        "--result-dir", str(result.parent), "--result-filename", result.name],
+                       check=True, capture_output=True, timeout=1800)
+        return json.loads(result.read_text())
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
