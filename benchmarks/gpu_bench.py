@@ -128,7 +128,7 @@ def decode_step_times(runner: ModelRunner, batch: int, blocks_per_seq: int) -> l
                                         NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
                                         for r, b in zip(req_ids, block_ids)] if n == 0 else [])
         start = time.perf_counter()
-        out = runner.execute_model(batch_out)
+        out = runner.execute_model(batch_out).output()
         elapsed = time.perf_counter() - start
         for seq, token in zip(tokens, out.sampled_token_ids):
             seq.append(token)

@@ -4,7 +4,9 @@ The runner keeps each request's block table and sampling state from the step it
 arrives in (`new_requests`) until the driver drops it, and applies each step's
 additions. At pp=1 every rank samples (all TP ranks hold the same logits and
 draw the same tokens), so that a step the driver scheduled before it saw the
-previous step's tokens finds them here (PENDING_TOKEN).
+previous step's tokens finds them here (PENDING_TOKEN): each request keeps a
+reference to the tensor its last token was sampled into, and a PENDING_TOKEN is
+gathered from there on the device, without waiting for the step that samples it.
 
 On GPU, a step in which every request computes one token (a decode batch) replays a
 CUDA graph of this stage's forward, captured at warmup for its padded batch size; any
@@ -25,6 +27,7 @@ from diagnose.core import progress
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig
+from engine.device_copy import to_device
 from engine.layers import pack_linears
 from engine.loader import ModelSource, load_weights
 from engine.model import LlamaForCausalLM
@@ -36,7 +39,22 @@ from engine.scheduler_output import PENDING_TOKEN, ModelRunnerOutput, RequestSam
 class RequestState:
     block_ids: list[int]
     sampling: RequestSampling
-    last_sampled: int = PENDING_TOKEN   # the token this rank sampled for it last
+    sampled_into: tuple[torch.Tensor, int] | None = None  # (tokens, row) of its last sampled token
+
+
+@dataclass
+class SampledStep:
+    """A step's sampled tokens on their way to the host: on a GPU the copy is queued
+    behind the step's work and `done` marks its end, so the caller may launch the next
+    step before it waits for this one."""
+    step: int
+    tokens: torch.Tensor                  # on the host (pinned memory on a GPU)
+    done: torch.cuda.Event | None = None  # None: already there
+
+    def output(self) -> ModelRunnerOutput:
+        if self.done is not None:
+            self.done.synchronize()
+        return ModelRunnerOutput(self.step, self.tokens.tolist())
 
 
 @dataclass
@@ -107,9 +125,12 @@ class ModelRunner:
 
     def prepare_inputs(self, out: SchedulerOutput, batch: list[RequestState]) -> ModelInputs:
         ids, positions, slots, qsl, seq_lens, sample_rows = [], [], [], [0], [], []
+        pending: list[tuple[int, tuple[torch.Tensor, int]]] = []  # (input row, where its token is)
         for state, start, tokens, sample in zip(batch, out.start_pos, out.token_ids, out.sample):
             n = len(tokens)
-            ids.extend(state.last_sampled if t == PENDING_TOKEN else t for t in tokens)
+            ids.extend(tokens)
+            if tokens[-1] == PENDING_TOKEN:  # only a step's last token can be one
+                pending.append((len(ids) - 1, state.sampled_into))
             pos = range(start, start + n)
             positions.extend(pos)
             blocks = state.block_ids
@@ -120,8 +141,12 @@ class ModelRunner:
                 sample_rows.append(qsl[-1] - 1)
         width = max(len(state.block_ids) for state in batch)
         tables = [b for state in batch for b in state.block_ids + [0] * (width - len(state.block_ids))]
-        ids, positions, slots, sample_rows = self._to_device([ids, positions, slots, sample_rows],
-                                                             torch.int64)
+        sources, source_rows = _gather_plan([where for _, where in pending])
+        ids, positions, slots, sample_rows, pending_rows, source_rows = self._to_device(
+            [ids, positions, slots, sample_rows, [row for row, _ in pending], source_rows],
+            torch.int64)
+        if pending:
+            ids[pending_rows] = sources[source_rows]
         max_seq_len = max(seq_lens)
         qsl, seq_lens, tables = self._to_device([qsl, seq_lens, tables], torch.int32)
         meta = AttentionMetadata(
@@ -136,11 +161,11 @@ class ModelRunner:
 
     def _to_device(self, lists: list[list[int]], dtype: torch.dtype) -> list[torch.Tensor]:
         """One host-to-device copy for several lists of ints; a view of each."""
-        flat = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=dtype)
-        return list(flat.to(self.device).split([len(x) for x in lists]))
+        flat = to_device(list(itertools.chain.from_iterable(lists)), dtype, self.device)
+        return list(flat.split([len(x) for x in lists]))
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(self, out: SchedulerOutput) -> SampledStep | None:
         batch = self.update_requests(out)
         inputs = self.prepare_inputs(out, batch)
         hidden = residual = None
@@ -164,17 +189,41 @@ class ModelRunner:
                           self.kv_caches)
 
     def _sample(self, out: SchedulerOutput, batch: list[RequestState],
-                hidden: torch.Tensor) -> ModelRunnerOutput | None:
+                hidden: torch.Tensor) -> SampledStep | None:
         logits = self.model.compute_logits(hidden)
         if not self.samples:
             return None
         with probe.phase(Phase.SAMPLE, step=out.step):
             sampled = [state for state, sample in zip(batch, out.sample) if sample]
             tokens = self.sampler.sample(logits, [state.sampling for state in sampled])
-        for state, token in zip(sampled, tokens):
-            state.last_sampled = token
+        for row, state in enumerate(sampled):
+            state.sampled_into = (tokens, row)
             state.sampling.num_output_tokens += 1
-        return ModelRunnerOutput(out.step, tokens) if self.comm.tp_rank == 0 else None
+        return self._to_host(out.step, tokens) if self.comm.tp_rank == 0 else None
+
+    def _to_host(self, step: int, tokens: torch.Tensor) -> SampledStep:
+        if tokens.device.type != "cuda":
+            return SampledStep(step, tokens)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return SampledStep(step, host, done)
+
+
+def _gather_plan(sources: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor | None, list[int]]:
+    """The tensors the given (tokens, row) pairs point into, as one, and each pair's row in
+    it. Usually they all point into the previous step's tokens."""
+    tensors: dict[int, tuple[torch.Tensor, int]] = {}   # id -> (tensor, offset in the whole)
+    rows = []
+    for tokens, row in sources:
+        if id(tokens) not in tensors:
+            tensors[id(tokens)] = (tokens, sum(len(t) for t, _ in tensors.values()))
+        rows.append(tensors[id(tokens)][1] + row)
+    parts = [t for t, _ in tensors.values()]
+    if len(parts) > 1:
+        return torch.cat(parts), rows
+    return (parts[0] if parts else None), rows
 
 
 def capture_sizes(max_batch: int) -> list[int]:

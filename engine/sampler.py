@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from engine.device_copy import to_device
 from engine.sampling_params import GREEDY_BELOW
 from engine.scheduler_output import RequestSampling
 
@@ -31,24 +32,25 @@ class Sampler:
         self.seed = seed
         self.generator: torch.Generator | None = None    # made on the logits' device at first use
 
-    def sample(self, logits: torch.Tensor, requests: list[RequestSampling]) -> list[int]:
-        """logits [N, V] float32, one row per request; returns N token ids."""
+    def sample(self, logits: torch.Tensor, requests: list[RequestSampling]) -> torch.Tensor:
+        """logits [N, V] float32, one row per request; returns N token ids (int64, on the
+        logits' device: nothing here waits for the device)."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(f"sample() got logits of shape {tuple(logits.shape)} for {len(requests)} requests")
         greedy = [i for i, r in enumerate(requests) if _is_greedy(r)]
         if len(greedy) == len(requests):
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1)
         drawn = [i for i, r in enumerate(requests) if not _is_greedy(r)]
-        random_tokens = self._sample_random(_rows(logits, drawn), [requests[i] for i in drawn])
         if not greedy:
-            return random_tokens.tolist()
+            return self._sample_random(logits, requests)
+        greedy_rows, drawn_rows = (to_device(rows, torch.int64, logits.device) for rows in (greedy, drawn))
         tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
-        tokens[drawn] = random_tokens
-        return tokens.tolist()
+        tokens[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
+        tokens[drawn_rows] = self._sample_random(logits[drawn_rows], [requests[i] for i in drawn])
+        return tokens
 
     def _sample_random(self, logits: torch.Tensor, requests: list[RequestSampling]) -> torch.Tensor:
-        inverse_temperatures = torch.tensor([1 / r.temperature for r in requests], device=logits.device)
+        inverse_temperatures = to_device([1 / r.temperature for r in requests], torch.float32, logits.device)
         scaled = logits * inverse_temperatures[:, None]
         if any(r.top_k > 0 or r.top_p < 1 for r in requests):
             scaled = _apply_top_k_top_p(scaled, requests)
@@ -66,10 +68,6 @@ class Sampler:
                 generator = torch.Generator(device).manual_seed(seed)
                 draws[row] = torch.rand(1, generator=generator, device=device)[0]
         return draws
-
-
-def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    return x if len(rows) == x.shape[0] else x[rows]
 
 
 def _invert_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -104,9 +102,9 @@ def _apply_top_k_top_p(logits: torch.Tensor, requests: list[RequestSampling]) ->
     """Set to -inf every logit outside the row's top-k, then outside its top-p nucleus
     (the smallest set of most likely tokens whose probabilities sum to at least top_p)."""
     vocab_size = logits.shape[-1]
-    top_k = torch.tensor([min(r.top_k, vocab_size) if r.top_k > 0 else vocab_size for r in requests],
-                         device=logits.device)
-    top_p = torch.tensor([r.top_p for r in requests], device=logits.device)
+    top_k = to_device([min(r.top_k, vocab_size) if r.top_k > 0 else vocab_size for r in requests],
+                      torch.int64, logits.device)
+    top_p = to_device([r.top_p for r in requests], torch.float32, logits.device)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
 
     rank = torch.arange(vocab_size, device=logits.device)

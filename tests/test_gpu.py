@@ -192,7 +192,7 @@ def decode_outputs(max_num_seqs: int, enforce_eager: bool, monkeypatch) -> tuple
             step, req_ids, [len(seq) - len(n) for seq, n in zip(tokens, new)], new,
             [True] * len(new), [[] for _ in new],
             [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0)) for r, b in zip(req_ids, block_ids)]
-            if step == 0 else []))
+            if step == 0 else [])).output()
         sampled.append(out.sampled_token_ids)
         for seq, token in zip(tokens, out.sampled_token_ids):
             seq.append(token)
@@ -244,6 +244,7 @@ def test_engine_on_cuda_matches_cpu_reference(checkpoint, cpu_reference):
     """fp32, small chunks so that steps mix prefill chunks and decodes; graphs and eager."""
     assert generate(checkpoint, device="cuda", dtype="float32", max_num_batched_tokens=32) == cpu_reference
     assert generate(checkpoint, device="cuda", dtype="float32", enforce_eager=True) == cpu_reference
+    assert generate(checkpoint, device="cuda", dtype="float32", async_scheduling=False) == cpu_reference
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for tp=2 and pp=2")
