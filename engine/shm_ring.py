@@ -28,14 +28,22 @@ class RingClosed(Exception):
 
 
 class _Backoff:
-    """Sleep a little longer each time a wait finds nothing, up to 2 ms."""
+    """Sleep a little longer each time a wait finds nothing, up to 2 ms; up to
+    `fast_delay_s` instead for the first FAST_FOR_S of the wait, if given."""
 
-    def __init__(self):
+    FAST_FOR_S = 0.05
+
+    def __init__(self, fast_delay_s: float | None = None):
         self.delay = 0.0
+        self.fast_delay_s = fast_delay_s
+        self.fast_until = time.monotonic() + self.FAST_FOR_S if fast_delay_s else 0.0
 
     def wait(self):
         time.sleep(self.delay)
-        self.delay = min(max(self.delay * 2, 2e-5), 2e-3)
+        cap = 2e-3
+        if self.fast_delay_s and time.monotonic() < self.fast_until:
+            cap = self.fast_delay_s
+        self.delay = min(max(self.delay * 2, 2e-5), cap)
 
 
 class ShmRing:
@@ -121,17 +129,20 @@ class ShmRing:
         self._set(0, 1)
 
     # -- reader -----------------------------------------------------------
-    def dequeue(self, reader: int, should_abort: Callable[[], None] = lambda: None):
+    def dequeue(self, reader: int, should_abort: Callable[[], None] = lambda: None,
+                fast_delay_s: float | None = None):
+        """The next message; should_abort is called while waiting and may raise.
+        fast_delay_s: poll at least this often for the wait's first 50 ms."""
         parts = []
         more = True
         while more:
-            chunk, more = self._read_chunk(reader, should_abort)
+            chunk, more = self._read_chunk(reader, should_abort, fast_delay_s)
             parts.append(chunk)
         return pickle.loads(b"".join(parts))
 
-    def _read_chunk(self, reader: int, should_abort) -> tuple[bytes, bool]:
+    def _read_chunk(self, reader: int, should_abort, fast_delay_s) -> tuple[bytes, bool]:
         message = self.read_count(reader)
-        backoff = _Backoff()
+        backoff = _Backoff(fast_delay_s)
         while self.written <= message:
             if self.closed:
                 raise RingClosed()

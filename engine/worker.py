@@ -1,4 +1,10 @@
-"""A worker process: start-up phases, then the busy loop dequeue -> method -> reply."""
+"""A worker process: start-up phases, then the busy loop dequeue -> method -> reply.
+
+On a GPU a step's reply waits until the next batch has been launched (Replies): the
+next batch gathers the tokens it needs on the device, so the GPU runs it while the
+host copies the tokens, replies and prepares the one after. Replies leave in the
+order the RPCs came. ENGINE_WORKER_OVERLAP=0 replies at once, to compare the two.
+"""
 from __future__ import annotations
 
 import os
@@ -16,8 +22,10 @@ from diagnose.core.vocab import Phase, Role
 from engine.communicator import Communicator
 from engine.config import EngineConfig
 from engine.loader import resolve_model
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, SampledStep
 from engine.shm_ring import RingClosed, ShmRing
+
+WORKER_OVERLAP = os.environ.get("ENGINE_WORKER_OVERLAP", "1") != "0"
 
 
 @dataclass
@@ -116,10 +124,12 @@ def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_con
     expects next."""
     rank = worker_args.rank
     messages, next_step = 0, 0
+    replies = Replies(reply_conn, overlap=WORKER_OVERLAP)
     while True:
         with probe.phase(Phase.DEQUEUE, step=next_step):
-            message = _next_message(ring, worker_args.local_rank)
+            message = _next_message(ring, worker_args.local_rank, replies)
         if message is None:
+            replies.send_owed()
             return
         method, args, output_rank = message
         messages += 1
@@ -128,13 +138,49 @@ def _busy_loop(worker: Worker, ring: ShmRing, worker_args: WorkerArgs, reply_con
         if method == "execute_model":
             next_step = args[0].step + 1
         if output_rank is None or output_rank == rank:
-            reply_conn.send(result)
+            replies.send(result)
 
 
-def _next_message(ring: ShmRing, reader: int) -> tuple | None:
+def _next_message(ring: ShmRing, reader: int, replies: "Replies") -> tuple | None:
     """The next (method, args, output_rank); None once the driver closed the ring,
-    which is how a worker is told to stop (no error, so the probe records none)."""
+    which is how a worker is told to stop (no error, so the probe records none).
+    While it waits, a step owed to the driver goes as soon as its GPU is done."""
     try:
-        return ring.dequeue(reader)
+        return ring.dequeue(reader, should_abort=replies.send_owed_if_done,
+                            fast_delay_s=replies.poll_s())
     except RingClosed:
         return None
+
+
+class Replies:
+    """The reply pipe. A step whose tokens are still on the GPU (a SampledStep with an
+    event) is owed: it is sent before the next reply, once the next RPC has been
+    launched, or as soon as its GPU is done while the busy loop waits for one."""
+
+    def __init__(self, conn, overlap: bool):
+        self.conn = conn
+        self.overlap = overlap
+        self.owed: SampledStep | None = None
+
+    def send(self, result) -> None:
+        self.send_owed()
+        if self.overlap and isinstance(result, SampledStep) and result.done is not None:
+            self.owed = result
+        else:
+            self.conn.send(result.output() if isinstance(result, SampledStep) else result)
+
+    def send_owed(self) -> None:
+        if self.owed is not None:
+            owed, self.owed = self.owed, None
+            with probe.phase(Phase.SAMPLE, step=owed.step):   # waits for its GPU
+                output = owed.output()
+            self.conn.send(output)
+
+    def send_owed_if_done(self) -> None:
+        if self.owed is not None and self.owed.done.query():
+            self.send_owed()
+
+    def poll_s(self) -> float | None:
+        """How often to look at the ring: often while a step is owed, its next batch
+        being on its way."""
+        return 1e-4 if self.owed is not None else None
