@@ -15,10 +15,12 @@
 (e) the gate/up product with SiLU-and-mul as its epilogue (kernels/activation.py's
     gate_up_silu, which the engine does not use) against cuBLAS then silu_and_mul: one
     CUDA graph over every layer's weight per path, GPU time per layer;
-(f) async scheduling's effect on the ITL: two engines side by side, async scheduling
-    on and off (--no-async-scheduling), each with its own share of the KV memory;
-    rounds alternate which one runs first, and per batch size the medians of their
-    ITL p50 and the ratio on / off.
+(f) async scheduling's effect on the ITL: three engines side by side, each with its
+    own share of the KV memory: async scheduling with the workers' overlap (the
+    default), async scheduling with ENGINE_WORKER_OVERLAP=0 (each worker replies
+    before it takes the next batch), and --no-async-scheduling; rounds rotate which
+    one runs first; per batch size the medians of their ITL p50 and each one's ratio
+    to the default; and the three engines' greedy tokens for the parity prompts.
 
 Each part runs inside the wall-clock budget (a part that would start past it is
 skipped), in try/except: its result or its error goes into the JSON, rewritten after
@@ -66,7 +68,10 @@ AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1
 INPUT_LEN = 128
 PARITY_PROMPTS, PARITY_TOKENS = 8, 32
 FUSED_VAR = "ENGINE_FUSED_KERNELS"
-ASYNC_AB_KV_BYTES = 8 << 30        # each engine's KV cache in part (f): both fit beside each other
+OVERLAP_VAR = "ENGINE_WORKER_OVERLAP"
+ASYNC_AB_KV_BYTES = 8 << 30        # each engine's KV cache in part (f): all fit beside each other
+ASYNC_ARMS = {                     # part (f): name -> (async_scheduling, the workers' overlap)
+    "async": (True, True), "async_no_overlap": (True, False), "sync": (False, True)}
 
 
 
@@ -83,8 +88,8 @@ class Plan:
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls([(MODEL_1B, [1, 32])], 16, MODEL_1B, 6, 8, 2)
-        return cls([(MODEL_8B, [1, 32, 128]), (MODEL_1B, [1, 32, 128])], 64, MODEL_8B, 60, 16, 5)
+            return cls([(MODEL_1B, [1, 32])], 16, MODEL_1B, 6, 8, 3)
+        return cls([(MODEL_8B, [1, 32, 128]), (MODEL_1B, [1, 32, 128])], 64, MODEL_8B, 60, 16, 6)
 
 
 # -- (b) ITL through the engine, (c) greedy parity ----------------------------------------
@@ -161,11 +166,11 @@ def parity(model: str, fused_tokens: list[list[int]]) -> dict:
 class DecodeLoop:
     """Requests of a fixed context decoding one token per step through a ModelRunner."""
 
-    def __init__(self, runner: ModelRunner, batch: int, max_steps: int):
+    def __init__(self, runner: ModelRunner, batch: int, max_steps: int, input_len: int = INPUT_LEN):
         self.runner = runner
-        blocks_per_seq = math.ceil((INPUT_LEN + max_steps + 1) / runner.block_size)
+        blocks_per_seq = math.ceil((input_len + max_steps + 1) / runner.block_size)
         self.block_ids = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
-        self.tokens = torch.randint(0, 1000, (batch, INPUT_LEN)).tolist()
+        self.tokens = torch.randint(0, 1000, (batch, input_len)).tolist()
         self.step_id = 0
         self._step(prefill=True)
 
@@ -176,7 +181,7 @@ class DecodeLoop:
             self.step_id, req_ids, [len(seq) - len(t) for seq, t in zip(self.tokens, new)], new,
             [True] * len(new), [[] for _ in new],
             [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
-             for r, b in zip(req_ids, self.block_ids)] if prefill else []))
+             for r, b in zip(req_ids, self.block_ids)] if prefill else [])).output()
         for seq, token in zip(self.tokens, out.sampled_token_ids):
             seq.append(token)
         self.step_id += 1
@@ -318,27 +323,35 @@ def graph_of(fn, weights) -> float:
 def async_ab(model: str, batches: list[int], plan: Plan) -> dict:
     engines = {}
     try:
-        for on in (True, False):
-            engines[on] = LLMEngine(dataclasses.replace(engine_config(model), async_scheduling=on,
-                                                        kv_cache_memory_bytes=ASYNC_AB_KV_BYTES))
-        vocab = engines[True].model_config.vocab_size
+        for name, (on, overlap) in ASYNC_ARMS.items():
+            os.environ[OVERLAP_VAR] = "1" if overlap else "0"   # the workers read it at start
+            engines[name] = LLMEngine(dataclasses.replace(engine_config(model), async_scheduling=on,
+                                                          kv_cache_memory_bytes=ASYNC_AB_KV_BYTES))
+        vocab = engines["async"].model_config.vocab_size
         for engine in engines.values():
             measure(engine, random_prompts(4, INPUT_LEN, vocab, seed=99), 4, "warmup")
-        report = {}
+        tokens = {name: greedy_tokens(engine, parity_prompts(vocab)) for name, engine in engines.items()}
+        report = {"parity_equal": all(t == tokens["async"] for t in tokens.values())}
         for batch in batches:
-            prompts = random_prompts(batch, INPUT_LEN, vocab, seed=batch)
-            itl = {True: [], False: []}
-            for round_ in range(plan.async_rounds):
-                for on in ((True, False) if round_ % 2 == 0 else (False, True)):
-                    itl[on].append(measure(engines[on], prompts, plan.output_len, str(batch)).itl_ms.p50)
-            on_ms, off_ms = statistics.median(itl[True]), statistics.median(itl[False])
-            report[batch] = {"async_itl_p50_ms": on_ms, "sync_itl_p50_ms": off_ms,
-                             "ratio_on_off": on_ms / off_ms, "rounds": {"on": itl[True], "off": itl[False]}}
-            print(f"  {model} batch {batch}: ITL p50 async {on_ms:.3f} ms, sync {off_ms:.3f} ms", flush=True)
+            report[batch] = ab_round(engines, batch, vocab, plan)
         return report
     finally:
+        os.environ.pop(OVERLAP_VAR, None)
         for engine in engines.values():
             engine.shutdown()
+
+
+def ab_round(engines: dict[str, LLMEngine], batch: int, vocab: int, plan: Plan) -> dict:
+    prompts = random_prompts(batch, INPUT_LEN, vocab, seed=batch)
+    names = list(engines)
+    itl = {name: [] for name in names}
+    for round_ in range(plan.async_rounds):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            itl[name].append(measure(engines[name], prompts, plan.output_len, str(batch)).itl_ms.p50)
+    p50 = {name: statistics.median(values) for name, values in itl.items()}
+    print(f"  batch {batch}: ITL p50 " + ", ".join(f"{n} {v:.3f} ms" for n, v in p50.items()), flush=True)
+    return {"itl_p50_ms": p50, "ratio_to_async": {n: v / p50["async"] for n, v in p50.items()},
+            "rounds": itl}
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -443,9 +456,12 @@ def print_table(rows: list[dict], report: dict) -> None:
                     print(f"{name} batch {batch}: " + ", ".join(f"{k} {v['us_per_layer']} us"
                                                                for k, v in row.items()))
         if name.startswith("async_ab/"):
+            print(f"{name}: greedy tokens equal across the arms: {value['parity_equal']}")
             for batch, row in value.items():
-                print(f"{name} batch {batch}: ITL p50 async {row['async_itl_p50_ms']:.3f} ms, "
-                      f"sync {row['sync_itl_p50_ms']:.3f} ms, on/off {row['ratio_on_off']:.3f}")
+                if isinstance(row, dict):
+                    print(f"{name} batch {batch}: ITL p50 " + ", ".join(
+                        f"{arm} {ms:.3f} ms ({row['ratio_to_async'][arm]:.2f})"
+                        for arm, ms in row["itl_p50_ms"].items()))
         if name.startswith("in_process/"):
             print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
             p = value["probe"]
