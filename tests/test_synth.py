@@ -86,12 +86,18 @@ def test_flight_recorder_dumps_name_the_rank_that_missed_a_collective(tmp_path):
     assert len(verdict["victim_ranks"]) == RANKS - 1
 
 
+def ctrl_c_reaches_it():
+    """A shell without job control starts a background job with SIGINT ignored, and the
+    child inherits that: give the command Ctrl-C's default, as at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_beat_keeps_the_ranks_alive_until_interrupted(tmp_path):
     out = tmp_path / "run"
     beater = subprocess.Popen(
         [sys.executable, "-m", "diagnose.cli", "synth", str(out), "--ranks", "16", "--tp", "2",
          "--culprit", "5", "--kind", "stuck_in_phase", "--beat"],
-        stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         assert any(line.startswith("beating") for line in beater.stdout)
         collector = Collector(str(out))
