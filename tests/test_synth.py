@@ -109,7 +109,13 @@ def test_beat_keeps_the_ranks_alive_until_interrupted(tmp_path):
         assert analyze(second)[0].culprit_ranks == [5]
     finally:
         beater.send_signal(signal.SIGINT)
-        assert beater.wait(10) == 0
+        try:
+            code = beater.wait(10)
+        except subprocess.TimeoutExpired:
+            beater.kill()        # fail, but leave no process behind
+            beater.wait()
+            raise
+    assert code == 0
     assert not any(state.alive for state in Collector(str(out)).snapshot().ranks.values())
 
 
