@@ -80,13 +80,8 @@ def one_round(system: System, checkpoint: Path, work: Path, args) -> dict:
     cwd = Path(args.baseline) if system.name == "baseline" else REPO
     log = work / f"{system.name}-{system.dtype}-{port}.log"
     server = Server.start(serve_command(system, checkpoint, port, args.max_num_seqs), port,
-                          work / "cache", 1, log, cwd=cwd)
-    try:
-        server.wait_ready()
-        return server.bench(checkpoint, work / f"{system.name}-{system.dtype}-{port}.json", args)
-    finally:
-        server.interrupt()
-        server.finish()
+                          work / "cache", 1, log, cwd=cwd, tidy_shm=system.name == "vllm")
+    return server.bench_then_stop(checkpoint, work / f"{system.name}-{system.dtype}-{port}.json", args)
 
 
 def summarize(rounds: list[dict], systems: list[System]) -> dict:

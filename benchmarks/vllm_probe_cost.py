@@ -37,13 +37,9 @@ def one_round(mode: str, checkpoint: Path, cache: Path, work: Path, args) -> dic
     if mode == "diag":
         command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
                    str(work / f"run-{port}"), "--", *command]
-    server = Server.start(command, port, cache, args.tp, work / f"{mode}-{port}.log")
-    try:
-        server.wait_ready()
-        return server.bench(checkpoint, work / f"{mode}-{port}.json", args)
-    finally:
-        server.interrupt()
-        server.finish()
+    server = Server.start(command, port, cache, args.tp, work / f"{mode}-{port}.log",
+                          tidy_shm=mode == "plain")
+    return server.bench_then_stop(checkpoint, work / f"{mode}-{port}.json", args)
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     shm_before = shm_files()
     plain_port = free_port()
     plain = Server.start(serve_command(checkpoint, plain_port, 2, 1), plain_port, cache, 2,
-                         tmp_path / "plain.log")
+                         tmp_path / "plain.log", tidy_shm=True)
     plain.wait_ready()
     reference = plain.complete(PROMPT)
     plain.interrupt()

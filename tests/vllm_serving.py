@@ -65,23 +65,25 @@ class Server:
     """A vLLM server, started as `command` (vllm serve, or diag launch around it),
     with a TMPDIR of its own: short, since vLLM puts unix sockets there. Plain vLLM
     0.32 stopped with SIGINT leaves its TP workers' vllm_dist_*cpushm* segments in
-    /dev/shm; finish() removes what the server's processes held and nobody holds now,
-    as diag launch does for the jobs it runs."""
+    /dev/shm: with tidy_shm, finish() removes what the server's processes held and
+    nobody holds now, as diag launch does for the jobs it runs. A server under diag
+    launch gets no such help: that diag cleans up is what the tests check."""
     process: subprocess.Popen
     port: int
     log: Path
     tmp: str
     errors: list[str] = field(default_factory=list)
+    tidy_shm: bool = False
     shm: SharedMemoryTracker = field(default_factory=SharedMemoryTracker)
 
     @classmethod
     def start(cls, command: list[str], port: int, cache: Path, world_size: int,
-              log: Path, cwd: Path = REPO) -> Server:
+              log: Path, cwd: Path = REPO, tidy_shm: bool = False) -> Server:
         tmp = tempfile.mkdtemp(prefix="vllm-")
         sink = open(log, "wb")
         process = subprocess.Popen(command, env=vllm_env(cache, tmp, world_size), stdout=sink,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
-        return cls(process, port, log, tmp)
+        return cls(process, port, log, tmp, tidy_shm=tidy_shm)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Seconds until /health answers; AssertionError if the command ends first."""
@@ -122,6 +124,8 @@ class Server:
         os.kill(pid or self.process.pid, signal.SIGINT)
 
     def _note_shared_memory(self) -> None:
+        if not self.tidy_shm:
+            return
         try:
             tree = psutil.Process(self.process.pid).children(recursive=True)
         except psutil.Error:
@@ -137,7 +141,8 @@ class Server:
             raise AssertionError(f"did not end in {timeout:.0f} s:\n{self.tail()}") from None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
-            self.shm.remove_leftovers()
+            if self.tidy_shm:
+                self.shm.remove_leftovers()
 
     def bench(self, checkpoint: Path, result: Path, args) -> dict:
         """vLLM's own client against this server (`vllm bench serve`, random prompts of
@@ -151,6 +156,15 @@ class Server:
                         "--result-dir", str(result.parent), "--result-filename", result.name],
                        check=True, capture_output=True, timeout=1800)
         return json.loads(result.read_text())
+
+    def bench_then_stop(self, checkpoint: Path, result: Path, args) -> dict:
+        """Once ready, bench() once; then stop the server with SIGINT, whatever happened."""
+        try:
+            self.wait_ready()
+            return self.bench(checkpoint, result, args)
+        finally:
+            self.interrupt()
+            self.finish()
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
