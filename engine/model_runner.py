@@ -214,13 +214,12 @@ class ModelRunner:
 def _gather_plan(sources: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor | None, list[int]]:
     """The tensors the given (tokens, row) pairs point into, as one, and each pair's row in
     it. Usually they all point into the previous step's tokens."""
-    tensors: dict[int, tuple[torch.Tensor, int]] = {}   # id -> (tensor, offset in the whole)
-    rows = []
+    parts, offsets, rows = [], {}, []     # offsets: id of a tensor -> where it starts in the whole
     for tokens, row in sources:
-        if id(tokens) not in tensors:
-            tensors[id(tokens)] = (tokens, sum(len(t) for t, _ in tensors.values()))
-        rows.append(tensors[id(tokens)][1] + row)
-    parts = [t for t, _ in tensors.values()]
+        if id(tokens) not in offsets:
+            offsets[id(tokens)] = sum(len(part) for part in parts)
+            parts.append(tokens)
+        rows.append(offsets[id(tokens)] + row)
     if len(parts) > 1:
         return torch.cat(parts), rows
     return (parts[0] if parts else None), rows

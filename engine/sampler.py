@@ -40,9 +40,9 @@ class Sampler:
         greedy = [i for i, r in enumerate(requests) if _is_greedy(r)]
         if len(greedy) == len(requests):
             return logits.argmax(dim=-1)
-        drawn = [i for i, r in enumerate(requests) if not _is_greedy(r)]
         if not greedy:
             return self._sample_random(logits, requests)
+        drawn = [i for i, r in enumerate(requests) if not _is_greedy(r)]
         greedy_rows, drawn_rows = (to_device(rows, torch.int64, logits.device) for rows in (greedy, drawn))
         tokens = torch.empty(len(requests), dtype=torch.int64, device=logits.device)
         tokens[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
