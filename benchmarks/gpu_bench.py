@@ -114,19 +114,24 @@ def runner_decode_step(model: str) -> dict:
     return report
 
 
+def greedy_batch(step: int, tokens: list[list[int]], block_ids: list[list[int]]) -> SchedulerOutput:
+    """Greedy requests r0, r1, ... straight to a ModelRunner: at step 0 each whole sequence
+    (a prefill) with the request itself, after that each one's last token."""
+    req_ids = [f"r{b}" for b in range(len(tokens))]
+    new = [seq if step == 0 else seq[-1:] for seq in tokens]
+    fresh = [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
+             for r, b in zip(req_ids, block_ids)] if step == 0 else []
+    return SchedulerOutput(step, req_ids, [len(seq) - len(n) for seq, n in zip(tokens, new)], new,
+                           [True] * len(new), [[] for _ in new], fresh)
+
+
 def decode_step_times(runner: ModelRunner, batch: int, blocks_per_seq: int) -> list[float]:
     """One prefill step for `batch` requests, then DECODE_STEPS - 1 timed decode steps."""
     tokens = torch.randint(0, 1000, (batch, CONTEXT_LEN)).tolist()
     block_ids = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
 
-    req_ids = [f"r{b}" for b in range(batch)]
-
     def step(n: int) -> float:
-        new = [seq if n == 0 else seq[-1:] for seq in tokens]
-        batch_out = SchedulerOutput(n, req_ids, [len(seq) - len(t) for seq, t in zip(tokens, new)], new,
-                                    [True] * batch, [[] for _ in new], [
-                                        NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
-                                        for r, b in zip(req_ids, block_ids)] if n == 0 else [])
+        batch_out = greedy_batch(n, tokens, block_ids)
         start = time.perf_counter()
         out = runner.execute_model(batch_out).output()
         elapsed = time.perf_counter() - start

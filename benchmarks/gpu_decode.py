@@ -48,6 +48,7 @@ from gpu_bench import (
     decode_weight_bytes,
     free_gpu,
     gpu_ms,
+    greedy_batch,
     versions,
 )
 
@@ -61,7 +62,6 @@ from engine.llm_engine import LLMEngine
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
 
 MODEL_8B, MODEL_1B = "llama-3.1-8b", "llama-3.2-1b"
 AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1B, 1): 2.0}
@@ -172,16 +172,10 @@ class DecodeLoop:
         self.block_ids = [list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq)) for b in range(batch)]
         self.tokens = torch.randint(0, 1000, (batch, input_len)).tolist()
         self.step_id = 0
-        self._step(prefill=True)
+        self._step()    # step 0: the prefill
 
-    def _step(self, prefill: bool = False):
-        req_ids = [f"r{b}" for b in range(len(self.tokens))]
-        new = [seq if prefill else seq[-1:] for seq in self.tokens]
-        out = self.runner.execute_model(SchedulerOutput(
-            self.step_id, req_ids, [len(seq) - len(t) for seq, t in zip(self.tokens, new)], new,
-            [True] * len(new), [[] for _ in new],
-            [NewRequest(r, b, RequestSampling(0.0, 0, 1.0, None, 0))
-             for r, b in zip(req_ids, self.block_ids)] if prefill else [])).output()
+    def _step(self):
+        out = self.runner.execute_model(greedy_batch(self.step_id, self.tokens, self.block_ids)).output()
         for seq, token in zip(self.tokens, out.sampled_token_ids):
             seq.append(token)
         self.step_id += 1
