@@ -260,8 +260,10 @@ class NodeHub:
 
 
 def _refuse(peer: tuple, reason: str) -> None:
-    print(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}",
-          file=sys.stderr, flush=True)
+    """One write per line: links are refused on threads of their own, and print's two
+    writes (the text, then the newline) from two of them ran lines together."""
+    sys.stderr.write(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}\n")
+    sys.stderr.flush()
 
 
 def _listen(address: tuple[str, int]) -> socket.socket:
