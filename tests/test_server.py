@@ -52,6 +52,19 @@ class Server:
     def stderr(self) -> str:
         return self.log_text()[-4000:]
 
+    def log_lines_once(self, pattern: re.Pattern, timeout_s: float = 10.0) -> list[str]:
+        """The log's lines once one of them matches `pattern` in full, or at `timeout_s`.
+
+        aiohttp writes a request's access line after the response has gone out, so a
+        client that has its answer can read the log a moment before the line is there.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lines = self.log_text().splitlines()
+            if any(pattern.fullmatch(line) for line in lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.05)
+
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
@@ -356,7 +369,9 @@ def test_metrics_speak_openmetrics_when_asked(tiny):
 def test_the_log_says_what_is_served_where_and_each_request(tiny):
     assert tiny.url.startswith("http://127.0.0.1:")
     _get(tiny, "/v1/models?x=1")
-    lines = tiny.log_text().splitlines()
+    access = re.compile(r'INFO \d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 '
+                        r"\d+\.\d{3} s")
+    lines = tiny.log_lines_once(access)
     said = [i for i, line in enumerate(lines) if line.startswith("INFO ")]
     assert lines[said[0]].endswith(" model tiny-llama: random weights (a named config); float32 on "
                                    "cpu, tp 2 x pp 2 (4 worker processes)")
@@ -367,8 +382,6 @@ def test_the_log_says_what_is_served_where_and_each_request(tiny):
     assert any(line.endswith(" KV cache: 1025 blocks of 16 tokens (16400 tokens); max-model-len "
                              "4000, max-num-seqs 64") for line in lines)
     assert not any("every interface" in line for line in lines)
-    access = re.compile(r'INFO \d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 '
-                        r"\d+\.\d{3} s")
     assert any(access.fullmatch(line) for line in lines), lines[-5:]
 
 
