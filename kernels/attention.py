@@ -5,24 +5,35 @@ queries. The query heads that share the KV head are packed into the tile's
 rows (row r is query r // GROUP, head r % GROUP of the group), so a KV tile
 is loaded once for the whole group. Keys are walked in tiles of BLOCK_N
 positions through the block table, with an online softmax in fp32.
+
+A decode-only batch too small to fill the GPU (at batch 1, one program per KV
+head) splits each context into NUM_SPLITS ranges of whole key tiles, one program
+each; every program stores its range's normalized output and log-sum-exp, and
+a second kernel merges a head's ranges. The split count depends only on the
+batch's shape, so a CUDA graph captured with it serves any context length.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 KEY_TILE = 32
+MAX_SPLITS = 16
+CPU_PROGRAM_TARGET = 128   # the interpreter has no SMs; a GPU-sized figure keeps its split path tested
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, lse_ptr,
     block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     scale_log2e,
     stride_q_token, stride_q_head,
     stride_out_token, stride_out_head,
+    stride_partial_token, stride_partial_head, stride_lse_token, stride_lse_head,
     stride_cache_block, stride_cache_slot, stride_cache_head,
     stride_block_table,
     head_dim,
@@ -33,9 +44,11 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     request = tl.program_id(0)
-    query_tile = tl.program_id(1)
+    query_tile = tl.program_id(1) // NUM_SPLITS
+    split = tl.program_id(1) % NUM_SPLITS
     kv_head = tl.program_id(2)
     queries_per_tile: tl.constexpr = BLOCK_M // GROUP
 
@@ -45,6 +58,13 @@ def _paged_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + request)
     first_query_pos = seq_len - query_len
+    # Keys 0..last_pos are visible to some row of this tile; this program takes keys_from..keys_to.
+    last_pos = first_query_pos + tl.minimum((query_tile + 1) * queries_per_tile, query_len) - 1
+    split_len = _split_len(seq_len, NUM_SPLITS, BLOCK_N)
+    keys_from = split * split_len
+    if keys_from > last_pos:
+        return
+    keys_to = tl.minimum(keys_from + split_len, last_pos + 1)
 
     rows = tl.arange(0, BLOCK_M)
     query_idx = query_tile * queries_per_tile + rows // GROUP
@@ -62,11 +82,9 @@ def _paged_attention_kernel(
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Keys 0..last_pos are visible to some row of this tile.
-    last_pos = first_query_pos + tl.minimum((query_tile + 1) * queries_per_tile, query_len) - 1
     key_offsets_in_tile = tl.arange(0, BLOCK_N)
     block_table = block_tables_ptr + request.to(tl.int64) * stride_block_table
-    for key_tile_start in range(0, last_pos + 1, BLOCK_N):
+    for key_tile_start in range(keys_from, keys_to, BLOCK_N):
         key_pos = key_tile_start + key_offsets_in_tile
         key_valid = key_pos < seq_len
         block_id = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
@@ -81,7 +99,8 @@ def _paged_attention_kernel(
         causal = key_pos[None, :] <= query_pos[:, None]
         scores = tl.where(causal, scores, float("-inf"))
 
-        # Key 0 is in the first tile and visible to every row, so row_max is finite from then on.
+        # The first key of the range is visible to every row (splits are decode-only), so
+        # row_max is finite from the first tile on.
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         rescale = tl.exp2(row_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
@@ -90,10 +109,53 @@ def _paged_attention_kernel(
         row_max = new_max
 
     out = acc / row_sum[:, None]
-    out_offsets = ((query_start + query_idx).to(tl.int64)[:, None] * stride_out_token
-                   + head[:, None] * stride_out_head + dims[None, :])
-    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty),
-             mask=row_valid[:, None] & dim_valid[None, :])
+    token = (query_start + query_idx).to(tl.int64)
+    store_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS == 1:
+        out_offsets = token[:, None] * stride_out_token + head[:, None] * stride_out_head + dims[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        partial_offsets = (token[:, None] * stride_partial_token + head[:, None] * stride_partial_head
+                           + split * head_dim + dims[None, :])
+        tl.store(partial_ptr + partial_offsets, out, mask=store_mask)
+        lse_offsets = token * stride_lse_token + head * stride_lse_head + split
+        tl.store(lse_ptr + lse_offsets, row_max + tl.log2(row_sum), mask=row_valid)
+
+
+@triton.jit
+def _split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split: whole tiles, so no tile straddles two splits."""
+    return tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_ptr, lse_ptr, out_ptr, query_start_loc_ptr, seq_lens_ptr,
+    stride_partial_token, stride_partial_head, stride_lse_token, stride_lse_head,
+    stride_out_token, stride_out_head,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One decode query's head: its splits' outputs weighted by their share of the softmax."""
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    token = tl.load(query_start_loc_ptr + request).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + request)
+    live = tl.cdiv(seq_len, _split_len(seq_len, NUM_SPLITS, BLOCK_N))   # the splits that held keys
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, BLOCK_D)
+    lse = tl.load(lse_ptr + token * stride_lse_token + head * stride_lse_head + splits,
+                  mask=splits < live, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, axis=0))
+    partial_offsets = (token * stride_partial_token + head * stride_partial_head
+                       + splits[:, None] * head_dim + dims[None, :])
+    partial = tl.load(partial_ptr + partial_offsets, mask=(splits < live)[:, None] & (dims < head_dim)[None, :],
+                      other=0.0)
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + token * stride_out_token + head * stride_out_head + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -117,13 +179,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     queries_per_tile = block_m // group
     # The CPU interpreter cannot multiply bf16 (it holds it as raw uint16 bits), so it gets fp32 tiles.
     dot_dtype = tl.float32 if q.is_cpu else _TRITON_DTYPES[q.dtype]
-    grid = (num_requests, triton.cdiv(meta.max_query_len, queries_per_tile), num_kv_heads)
+    splits = decode_splits(num_requests, num_kv_heads, meta.max_query_len, meta.max_seq_len,
+                           _program_target(q.device))
+    partial = lse = out
+    if splits > 1:
+        partial = torch.empty((num_tokens, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((num_tokens, num_heads, splits), dtype=torch.float32, device=q.device)
+    grid = (num_requests, triton.cdiv(meta.max_query_len, queries_per_tile) * splits, num_kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out,
+        q, k_cache, v_cache, out, partial, lse,
         meta.block_tables, meta.query_start_loc, meta.seq_lens,
         scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1),
+        partial.stride(0), partial.stride(1), lse.stride(0), lse.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_tables.stride(0),
         head_dim,
@@ -134,8 +203,40 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_SIZE=block_size,
         DOT_DTYPE=dot_dtype,
         DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        NUM_SPLITS=splits,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_requests, num_heads)](
+            partial, lse, out, meta.query_start_loc, meta.seq_lens,
+            partial.stride(0), partial.stride(1), lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            head_dim,
+            NUM_SPLITS=splits,
+            BLOCK_N=KEY_TILE,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        )
     return out
+
+
+def decode_splits(num_requests: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
+                  program_target: int) -> int:
+    """How many ranges each context is split into: 1 unless the batch is decode-only and has
+    fewer (request, KV head) programs than `program_target`; a power of two, at most
+    MAX_SPLITS, and no more than the longest context has key tiles."""
+    programs = num_requests * num_kv_heads
+    if max_query_len != 1 or programs >= program_target:
+        return 1
+    wanted = triton.next_power_of_2(triton.cdiv(program_target, programs))
+    key_tiles = triton.cdiv(max_seq_len, KEY_TILE)
+    return min(wanted, MAX_SPLITS, 1 << (key_tiles.bit_length() - 1))
+
+
+@functools.cache
+def _program_target(device: torch.device) -> int:
+    """Programs that fill the device: one per SM on a GPU."""
+    if device.type != "cuda":
+        return CPU_PROGRAM_TARGET
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -24,6 +24,7 @@ from engine import attention as ref_attention
 from engine import layers as ref_layers
 from engine.attention import AttentionMetadata
 from kernels.activation import gate_up_silu, silu_and_mul
+from kernels import attention as attention_kernels
 from kernels.attention import paged_attention
 from kernels.kv_cache import write_kv
 from kernels.norm import embed, rms_norm
@@ -117,7 +118,10 @@ def decode_batch(block_size, gen):
     return context_lens, [1] * len(context_lens)
 
 
-def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen):
+def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen,
+                    capacity=None):
+    """`capacity`: the max_seq_len the kernel is told, as a decode graph tells it the longest
+    context a block table holds; by default the batch's longest."""
     meta, all_slots, num_blocks = build_metadata(context_lens, query_lens, block_size, gen)
     num_positions = all_slots.shape[0]
     k = randn(num_positions, num_kv_heads, head_dim, dtype=dtype, gen=gen)
@@ -136,8 +140,8 @@ def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim,
     torch.testing.assert_close(v_cache.cpu().float(), ref_v_cache, rtol=0, atol=0, equal_nan=True)
 
     device_meta = dataclasses.replace(
-        meta, **{f: getattr(meta, f).to(DEVICE) for f in
-                 ("slot_mapping", "query_start_loc", "seq_lens", "block_tables")})
+        meta, max_seq_len=capacity or meta.max_seq_len, **{f: getattr(meta, f).to(DEVICE) for f in
+                                                          ("slot_mapping", "query_start_loc", "seq_lens", "block_tables")})
     scale = head_dim ** -0.5
     out = paged_attention(q, k_cache, v_cache, device_meta, scale)
     ref = ref_attention.paged_attention(q.cpu().float(), ref_k_cache, ref_v_cache, meta, scale)
@@ -160,6 +164,45 @@ def test_paged_attention_mixed_batch(dtype, gqa, head_dim, block_size, gen):
 def test_paged_attention_decode_only(dtype, gqa, gen):
     context_lens, query_lens = decode_batch(16, gen)
     check_attention(context_lens, query_lens, SIZES.kv_heads * gqa, SIZES.kv_heads, 128, 16, dtype, gen)
+
+
+def program_target():
+    return attention_kernels._program_target(torch.device(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_paged_attention_small_decode_batch_splits_its_contexts(dtype, gqa, gen):
+    """Batch 1, and batch 3 with contexts of one key and a block less one beside a long one:
+    each context in ranges, merged; the ranges are checked to be many."""
+    longest = 4 * SIZES.max_context
+    for context_lens in ([randint(longest // 2, longest, gen)], [1, 15, randint(longest // 2, longest, gen)]):
+        max_seq_len = max(context_lens) + 1
+        splits = attention_kernels.decode_splits(len(context_lens), SIZES.kv_heads, 1, max_seq_len,
+                                                 program_target())
+        assert splits >= 4
+        check_attention(context_lens, [1] * len(context_lens), SIZES.kv_heads * gqa, SIZES.kv_heads,
+                        128, 16, dtype, gen)
+
+
+def test_paged_attention_split_for_a_graphs_capacity_serves_short_contexts(gen):
+    """A decode graph is captured for the longest context a block table holds: most of its
+    ranges are empty for a short context, and must not count in the merge."""
+    capacity = 16 * attention_kernels.KEY_TILE * attention_kernels.MAX_SPLITS
+    assert attention_kernels.decode_splits(2, SIZES.kv_heads, 1, capacity, program_target()) == \
+        attention_kernels.MAX_SPLITS
+    check_attention([0, 40], [1, 1], 4 * SIZES.kv_heads, SIZES.kv_heads, 64, 16, torch.float32, gen,
+                    capacity=capacity)
+
+
+def test_decode_splits_only_where_the_grid_is_small():
+    split = attention_kernels.decode_splits
+    assert split(1, 8, 1, 4096, 132) == 16               # 8B at batch 1: 8 programs for 132 SMs
+    assert split(4, 8, 1, 4096, 132) == 8
+    assert split(32, 8, 1, 4096, 132) == 1              # the grid already fills the GPU
+    assert split(1, 8, 7, 4096, 132) == 1               # a prefill chunk in the batch
+    assert split(1, 8, 1, 100, 132) == 4                # no more ranges than key tiles (4)
+    assert split(1, 8, 1, 1, 132) == 1
 
 
 @pytest.mark.parametrize("head_dim, block_size, gqa", [(16, 16, 2), (80, 8, 3), (96, 24, 1)])
