@@ -10,7 +10,8 @@ A decode-only batch too small to fill the GPU (at batch 1, one program per KV
 head) splits each context into NUM_SPLITS ranges of whole key tiles, one program
 each; every program stores its range's normalized output and log-sum-exp, and
 a second kernel merges a head's ranges. The split count depends only on the
-batch's shape, so a CUDA graph captured with it serves any context length.
+batch's shape and the longest context it may hold (max_seq_len, a decode graph's
+capacity), so a CUDA graph captured with it serves any context length.
 """
 from __future__ import annotations
 
