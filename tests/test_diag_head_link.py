@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from diagnose.launch.nodes import HANDSHAKE_S, MAX_PENDING, NodeAgent, NodeError
+from live_log import text_so_far
 from peers import until_closed
 from test_generic import REPO, free_port, left_behind
 
@@ -49,8 +50,7 @@ class Head:
                    for c in self.process.net_connections("tcp"))
 
     def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        return text_so_far(self.log)
 
     def refusals(self) -> list[str]:
         return [line for line in self.stderr().splitlines() if line.startswith(REFUSED)]

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from engine.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
+from live_log import text_so_far
 from peers import until_closed
 
 PROMPTS = ["Hello, my name is", "1 2 3"]
@@ -242,8 +243,7 @@ class WaitingHead:
     log: IO[bytes]
 
     def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode()
+        return text_so_far(self.log)
 
     def refusals(self) -> list[str]:
         return [line for line in self.stderr().splitlines() if line.startswith(REFUSED)]

@@ -27,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader import resolve_model
+from live_log import text_so_far
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT_S = 120
@@ -46,8 +47,7 @@ class Server:
     log: IO[bytes]
 
     def log_text(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        return text_so_far(self.log)
 
     def stderr(self) -> str:
         return self.log_text()[-4000:]
