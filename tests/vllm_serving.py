@@ -2,7 +2,11 @@
 Llama, with or without `diag launch` around it, for the tests and benchmarks.
 
 Every server gets a private TMPDIR; the compile caches are shared by the
-servers of one session so that only the first one compiles cold."""
+servers of one session so that only the first one compiles cold. vLLM 0.32 on
+torch 2.13 (CPU) cannot load the AOT-compiled artifacts it saves ("'function'
+object has no attribute 'finalize_loading'") and compiles again at every start,
+so the servers run with VLLM_USE_AOT_COMPILE=0: still torch.compile, with the
+older cache, which loads (a warm tp=2 start here: 67 s to ready, against 87 s)."""
 from __future__ import annotations
 
 import json
@@ -45,7 +49,7 @@ def vllm_env(cache: Path, tmp: str, world_size: int) -> dict[str, str]:
                 TMPDIR=tmp, VLLM_CACHE_ROOT=str(cache / "vllm"),
                 TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                 TRITON_CACHE_DIR=str(cache / "triton"), HF_HOME=str(cache / "hf"),
-                PYTHONUNBUFFERED="1")
+                VLLM_USE_AOT_COMPILE="0", PYTHONUNBUFFERED="1")
 
 
 def free_port() -> int:
