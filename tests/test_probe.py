@@ -353,3 +353,41 @@ def test_an_exception_leaving_a_phase_and_a_fatal_signal_leave_their_files(spawn
     at = fatal.index(next(line for line in fatal if line.startswith("Thread 0x")
                           and int(line.split()[1], 16) == main))
     assert fatal[at + 1].endswith(" in clean_up")
+
+
+class _Marked:
+    """A method, a staticmethod and a classmethod for --mark to wrap."""
+
+    def __init__(self, base: int):
+        self.base = base
+
+    def forward(self, x: int) -> int:
+        return self.base + x
+
+    @staticmethod
+    def double(x: int) -> int:
+        return 2 * x
+
+    @classmethod
+    def name(cls, suffix: str) -> str:
+        return cls.__name__ + suffix
+
+
+def test_a_marked_method_staticmethod_and_classmethod_keep_their_kind(monkeypatch):
+    """vLLM's compile wrapper reads `self` from the traced frame of the forward it
+    compiles: a marked method must take `self` by that name, not in *args."""
+    from types import SimpleNamespace
+
+    from diagnose.probe import marks
+    for name in ("forward", "double", "name"):
+        monkeypatch.setattr(_Marked, name, _Marked.__dict__[name])
+    module = SimpleNamespace(_Marked=_Marked)
+    for qualname in ("_Marked.forward", "_Marked.double", "_Marked.name"):
+        marks.apply(marks.parse_mark(f"m:{qualname}"), module)
+    assert _Marked.forward.__code__.co_varnames[0] == "self"
+    assert _Marked.forward.__wrapped__.__name__ == "forward"
+    assert isinstance(_Marked.__dict__["double"], staticmethod)
+    assert isinstance(_Marked.__dict__["name"], classmethod)
+    marked = _Marked(40)
+    assert (marked.forward(2), marked.double(3), _Marked.double(4)) == (42, 6, 8)
+    assert (marked.name("!"), _Marked.name("?")) == ("_Marked!", "_Marked?")

@@ -11,10 +11,15 @@ A call that torch.compile's Dynamo traces is passed straight through: a probe
 call there would change what Dynamo traces (fullgraph capture fails on it).
 Such calls are not recorded; once compiled, the function body runs as a graph
 and the wrapper is not called at all.
+
+A marked method stays a method whose first parameter is named `self`: vLLM's
+compile wrapper (without its AOT cache) finds its module in the traced frame's
+local `self`. A staticmethod or classmethod stays one.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import sys
@@ -66,26 +71,52 @@ def apply(mark: Mark, module) -> None:
     owner, parts = module, mark.qualname.split(".")
     for part in parts[:-1]:
         owner = getattr(owner, part, None)
-    function = getattr(owner, parts[-1], None) if owner is not None else None
-    if not callable(function):
+    name = parts[-1]
+    if owner is None or not callable(getattr(owner, name, None)):
         print(f"diag: --mark {mark.module}:{mark.qualname}: {mark.module} has no "
               f"{mark.qualname}; mark ignored", file=sys.stderr)
         return
-    setattr(owner, parts[-1], _as_phase(function, mark.phase, _compiling_check()))
+    setattr(owner, name, _marked(owner, name, _Phase(mark.phase, _compiling_check())))
     _note_armed(mark)
 
 
-def _as_phase(function, phase: str, compiling):
-    calls = 0
+def _marked(owner, name: str, phase: _Phase):
+    """What replaces owner.name: the same kind of attribute, each call a phase."""
+    raw = inspect.getattr_static(owner, name)
+    if isinstance(raw, (staticmethod, classmethod)):
+        return type(raw)(_as_function_phase(raw.__func__, phase))
+    if inspect.isclass(owner) and inspect.isfunction(raw):
+        return _as_method_phase(raw, phase)
+    return _as_function_phase(getattr(owner, name), phase)
 
+
+class _Phase:
+    """One mark's calls: the phase each one is, numbered 0, 1, ..."""
+
+    def __init__(self, name: str, compiling):
+        self.name = name
+        self.compiling = compiling
+        self.calls = 0
+
+    def run(self, function, args, kwargs):
+        if self.compiling():
+            return function(*args, **kwargs)
+        step, self.calls = self.calls, self.calls + 1
+        with probe.phase(self.name, step=step):
+            return function(*args, **kwargs)
+
+
+def _as_function_phase(function, phase: _Phase):
     @functools.wraps(function)
     def marked(*args, **kwargs):
-        nonlocal calls
-        if compiling():
-            return function(*args, **kwargs)
-        step, calls = calls, calls + 1
-        with probe.phase(phase, step=step):
-            return function(*args, **kwargs)
+        return phase.run(function, args, kwargs)
+    return marked
+
+
+def _as_method_phase(function, phase: _Phase):
+    @functools.wraps(function)
+    def marked(self, *args, **kwargs):
+        return phase.run(function, (self, *args), kwargs)
     return marked
 
 
