@@ -1,4 +1,7 @@
-"""python -m engine {generate,serve,bench}."""
+"""python -m engine {generate,serve,bench}.
+
+Every flag is checked before torch and the engine are imported: a bad command line
+is answered in a fraction of a second, not after seconds of imports."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +10,10 @@ import signal
 import sys
 from importlib import metadata
 
-from engine.args import add_engine_args, config_from_args
-from engine.bench import add_bench_args
-from engine.executor import WorkerDiedError
-from engine.loader import ModelError
-from engine.node import NodeError, run_node
+from engine.args import add_bench_args, add_engine_args, config_from_args
+from engine.errors import EngineError
+from engine.model_config import ModelError
+from engine.sampling_params import SamplingParams
 from engine.vllm_flags import dashed, leftover_flags
 
 NO_MODEL = ("no model given: python -m engine serve MODEL, where MODEL is a HF model directory, "
@@ -27,9 +29,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.request_seed,
                             stop=args.stop or [], ignore_eos=args.ignore_eos)
@@ -38,6 +37,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("generate needs at least one --prompt")
     if any(not p for p in args.prompt):
         raise ValueError("--prompt must not be empty")
+    from engine.llm import LLM
+
     with LLM(**vars(config_from_args(args))) as llm:
         outputs = llm.generate(args.prompt, params)
     for prompt, out in zip(args.prompt, outputs):
@@ -154,10 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
+        config_from_args(args).validate()
         if args.node_rank > 0:  # headless: this node's ranks only, until the head is done
+            from engine.node import run_node
+
             return run_node(config_from_args(args))
         return args.run(args)
-    except (ValueError, ModelError, WorkerDiedError, NodeError) as e:
+    except (ValueError, ModelError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -229,17 +229,6 @@ def results_json(config: EngineConfig, workload: Workload, sweep: str | None,
 
 # -- command line -----------------------------------------------------------------------
 
-def add_bench_args(parser: argparse.ArgumentParser) -> None:
-    a = parser.add_argument
-    a("--num-prompts", type=int, default=32, help="requests, all arriving at once")
-    a("--input-len", type=int, default=128, help="prompt tokens per request")
-    a("--output-len", type=int, default=64, help="generated tokens per request (EOS ignored)")
-    a("--sweep", metavar="FLAG=V1,V2,...", help="one run per value, e.g. max-num-batched-tokens=512,2048,8192")
-    a("--json", action="store_true", help="print the results as JSON on stdout (the table goes to stderr)")
-    a("-o", "--output", metavar="FILE", help="write the results as JSON to FILE")
-    a("--plot", metavar="FILE.png", help="plot TTFT, ITL and throughput per run (needs matplotlib)")
-
-
 def _output(path: str | None):
     if path is None:
         return contextlib.nullcontext()

@@ -15,6 +15,7 @@ import torch
 
 from diagnose.core.layout import Layout
 from engine.config import EngineConfig
+from engine.errors import EngineError
 from engine.shm_ring import ShmRing
 from engine.worker import WorkerArgs, worker_main
 
@@ -23,7 +24,7 @@ STOP_GRACE_S = 5.0   # a clean stop: workers finish what they are doing
 DEAD_GRACE_S = 1.0   # after a death: the others may be stuck waiting on the dead one
 
 
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(EngineError):
     """A worker process (or a whole node) ended while the engine needed it."""
 
     def __init__(self, message: str, rank: int | None = None, exitcode: int | None = None):

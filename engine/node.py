@@ -36,6 +36,7 @@ import torch
 
 from diagnose.core.link import Codec, HandshakeError, Limits, Link
 from engine.config import EngineConfig
+from engine.errors import EngineError
 from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
 
 TOKEN_VAR = "ENGINE_NODE_TOKEN"
@@ -46,7 +47,7 @@ MAX_MESSAGE_BYTES = 256 << 20
 RETRY_CONNECT_S = 0.2
 
 
-class NodeError(RuntimeError):
+class NodeError(EngineError):
     """The nodes of a multi-node run could not form one job."""
 
 
