@@ -391,3 +391,42 @@ def test_a_marked_method_staticmethod_and_classmethod_keep_their_kind(monkeypatc
     marked = _Marked(40)
     assert (marked.forward(2), marked.double(3), _Marked.double(4)) == (42, 6, 8)
     assert (marked.name("!"), _Marked.name("?")) == ("_Marked!", "_Marked?")
+
+
+def _close_files_then_exit(delay_s: float) -> None:
+    """As a dying process does in the kernel, stretched: its files close (the parent's
+    sentinel fires) a while before it is gone and its exit code can be read."""
+    os.closerange(3, 1024)
+    time.sleep(delay_s)
+    os._exit(7)
+
+
+def test_a_worker_whose_sentinel_fired_before_its_exit_code_is_noted(monkeypatch):
+    """vLLM's monitor starts the shutdown as soon as a worker's sentinel fires; the
+    worker's exit code may not be readable yet. The plugin waits for it rather than
+    taking the worker for one that the shutdown will end (CI saw that race: a
+    SIGKILLed worker was reported as ended). probe.worker_exit is replaced by a list,
+    the one double here: the probe file's own writing is tested above."""
+    import multiprocessing
+    import multiprocessing.connection
+    from types import SimpleNamespace
+
+    from diagnose.probe import vllm as vllm_plugin
+    noted = []
+    monkeypatch.setattr(vllm_plugin.probe, "worker_exit", lambda rank, code: noted.append((rank, code)))
+    monkeypatch.setattr(vllm_plugin, "_noted_exits", set())
+    ctx = multiprocessing.get_context("fork")
+    dying = ctx.Process(target=_close_files_then_exit, args=(0.5,))
+    alive = ctx.Process(target=time.sleep, args=(30,))
+    for proc in (dying, alive):
+        proc.start()
+    try:
+        multiprocessing.connection.wait([dying.sentinel], timeout=10)
+        assert dying.exitcode is None                 # the window the race lived in
+        vllm_plugin.note_gone_workers([SimpleNamespace(rank=1, proc=dying),
+                                       SimpleNamespace(rank=0, proc=alive)])
+        assert noted == [(1, 7)]
+    finally:
+        alive.kill()
+        for proc in (dying, alive):
+            proc.join(timeout=10)

@@ -116,10 +116,14 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
     while len(texts) < 2:
         time.sleep(0.2)
     os.kill(collect(str(run_dir)).ranks[1].identity.pid, 9)
-    assert server.finish() == 86, server.tail()
+    code = server.finish()
     stop.set()
-    verdict = report(run_dir)["verdicts"][0]
-    assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1]), verdict["summary"]
+    verdicts = report(run_dir)["verdicts"]
+    assert [(v["kind"], v["culprit_ranks"]) for v in verdicts] == [("dead", [1])], server.tail()
+    verdict = verdicts[0]
+    # diag ends the run (86); or vLLM, having lost a worker, shut itself down first, and
+    # diag then exits with vLLM's own code, 0: the verdict is the same.
+    assert code in (86, 0), server.tail()
     # vLLM's own signal comes after minutes; the bound is loose so that a loaded
     # machine does not fail it (unloaded, detection takes well under a second).
     assert verdict["detected_after_s"] < 5.0

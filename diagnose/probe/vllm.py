@@ -47,6 +47,8 @@ EXECUTOR = "vllm.v1.executor.multiproc_executor"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 PARALLEL_STATE = "vllm.distributed.parallel_state"
 
+EXIT_CODE_WAIT_S = 1.0   # a dying process's sentinel fires a moment before its exit code is readable
+
 _registered = False
 
 
@@ -208,12 +210,21 @@ def _as_shutdown(shutdown):
     @functools.wraps(shutdown)
     def phased(executor, *args, **kwargs):
         if not getattr(executor, "shutting_down", False):
-            for handle in getattr(executor, "workers", None) or []:
-                if handle.proc.exitcode is not None:
-                    _note_exit(handle)
+            note_gone_workers(getattr(executor, "workers", None) or [])
         with probe.phase(Phase.SHUTDOWN):
             return shutdown(executor, *args, **kwargs)
     return phased
+
+
+def note_gone_workers(handles: list) -> None:
+    """Note the exit of each worker whose process has ended or is ending. The
+    kernel closes a dying process's files (its sentinel fires, and vLLM's monitor
+    starts the shutdown) before its exit code can be read: wait for the code."""
+    gone = set(multiprocessing.connection.wait([handle.proc.sentinel for handle in handles], 0))
+    for handle in handles:
+        if handle.proc.sentinel in gone:
+            handle.proc.join(timeout=EXIT_CODE_WAIT_S)
+            _note_exit(handle)
 
 
 def _note_worker_exits(executor_cls) -> None:
@@ -238,7 +249,7 @@ def _watch_workers(executor, handles: list) -> None:
             handle = left.pop(sentinel)
             if executor() is None or getattr(executor(), "shutting_down", False):
                 return
-            handle.proc.join(timeout=1.0)
+            handle.proc.join(timeout=EXIT_CODE_WAIT_S)
             _note_exit(handle)
 
 
