@@ -130,11 +130,10 @@ def test_rank3_stops_taking_the_broadcast(tmp_path):
 
 
 def test_long_chunked_prefill_traffic_gives_no_verdict(tmp_path):
-    """Long prompts cut into 32-token chunks, for about 300 steps of tp=2 pp=4 (half a
-    minute here); the stress script (benchmarks/stress_healthy.py) runs healthy jobs
-    by the hundred."""
+    """Long prompts cut into 32-token chunks, for about 150 steps of tp=2 pp=4; the
+    stress script (benchmarks/stress_healthy.py) runs healthy jobs by the hundred."""
     prompts = []
-    for i in range(32):
+    for i in range(16):
         prompts += ["--prompt", f"request {i}: " + "a long prompt that needs many chunks " * 4]
     body = launch(tmp_path, None, prompts + ["--max-tokens", "32",
                                              "--max-num-batched-tokens", "32",
