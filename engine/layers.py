@@ -1,7 +1,8 @@
 """The decoder's building blocks.
 
 Each op is one plain function (rms_norm, embed, apply_rotary, silu_and_mul): CUDA tensors
-go to its Triton kernel in kernels/, CPU tensors to the torch reference here. Where two
+go to its Triton kernel in kernels/, CPU tensors to the torch reference here. Products
+go to cuBLAS (oneDNN on a CPU), but for one row on a GPU: kernels/gemv.py. Where two
 neighbouring ops have one fused kernel (the embedding and the first RMSNorm; rotary and
 the KV-cache write), the fused op's torch path is the two unfused ops, and
 ENGINE_FUSED_KERNELS=0 sends CUDA tensors that way too, to compare the two. The
@@ -23,6 +24,8 @@ from torch import nn
 from engine.communicator import Communicator
 
 FUSED_KERNELS = os.environ.get("ENGINE_FUSED_KERNELS", "1") != "0"
+# ENGINE_GEMV=0 sends batch-1 products to cuBLAS too, to compare the two.
+GEMV = os.environ.get("ENGINE_GEMV", "1") != "0"
 
 
 def fused(x: torch.Tensor) -> bool:
@@ -156,7 +159,17 @@ def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """x W^T (+ b) with a projection's weight, or with the copy pack_linears made of it."""
     if module.packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, module.packed, module.bias, "none", [], "")
+    if _takes_gemv(x, module):
+        from kernels.gemv import gemv
+        return gemv(x, module.weight)
     return F.linear(x, module.weight, module.bias)
+
+
+def _takes_gemv(x: torch.Tensor, module: nn.Module) -> bool:
+    """One row times a 16-bit weight without a bias: kernels/gemv.py reads such a weight
+    faster than cuBLAS (on an H200: docs/performance.md, "Batch-1 products")."""
+    return (GEMV and x.shape[0] == 1 and fused(x) and module.bias is None and x.stride(-1) == 1
+            and module.weight.element_size() == 2)
 
 
 def pack_linears(model: nn.Module) -> None:

@@ -113,9 +113,10 @@ def gpu_model(hidden: int, head_dim: int, dtype: torch.dtype) -> LlamaForCausalL
     return model
 
 
-def step_logits(model: LlamaForCausalLM, device: str, dtype: torch.dtype) -> list[torch.Tensor]:
-    """A prefill in two chunks (the second starting mid-block) and three decode steps of two
-    requests over scattered blocks: the logits of every step."""
+def step_logits(model: LlamaForCausalLM, device: str, dtype: torch.dtype,
+                steps: list = STEPS) -> list[torch.Tensor]:
+    """By default a prefill in two chunks (the second starting mid-block) and three decode
+    steps of two requests over scattered blocks: the logits of every step."""
     cfg = model.config
     block_size, blocks = 16, [[5, 2, 7], [1, 6, 3]]
     prompts = torch.randint(0, cfg.vocab_size, (2, 27), generator=torch.Generator().manual_seed(2)).tolist()
@@ -124,7 +125,7 @@ def step_logits(model: LlamaForCausalLM, device: str, dtype: torch.dtype) -> lis
     kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                  for _ in model.layers]
     logits = []
-    for step in STEPS:  # (tokens computed so far, tokens this step) per request
+    for step in steps:  # (tokens computed so far, tokens this step) per request
         ids, positions, slots, qsl, seq_lens = [], [], [], [0], []
         for b, (start, n) in enumerate(step):
             ids += tokens[b][start:start + n]
@@ -166,6 +167,25 @@ def test_fused_kernels_give_the_unfused_logits(dtype, hidden, head_dim, monkeypa
     unfused = step_logits(model, "cuda", dtype)
     for out, ref in zip(fused, unfused):
         assert torch.equal(out, ref)
+
+
+ONE_REQUEST_STEPS = [[(0, 19)], [(19, 1)], [(20, 1)], [(21, 1)]]   # decodes: one-row products
+
+
+@pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
+def test_one_row_products_take_gemv_and_match_cpu_reference(hidden, head_dim, monkeypatch):
+    from kernels import gemv as gemv_module
+    products = []
+    real_gemv = gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda x, w: products.append(w.shape) or real_gemv(x, w))
+    model = gpu_model(hidden, head_dim, torch.bfloat16)
+    cpu_model = LlamaForCausalLM(model.config, Communicator(Layout(1, 1), 0), torch.float32, "cpu")
+    cpu_model.load_state_dict({name: t.float().cpu() for name, t in model.state_dict().items()})
+    for out, ref in zip(step_logits(model, "cuda", torch.bfloat16, ONE_REQUEST_STEPS),
+                        step_logits(cpu_model, "cpu", torch.float32, ONE_REQUEST_STEPS)):
+        assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    # 3 decode steps, each: qkv, o, gate_up and down in both layers, then the LM head
+    assert len(products) == 3 * (4 * 2 + 1)
 
 
 # -- CUDA graphs ------------------------------------------------------------------------

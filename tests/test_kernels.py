@@ -26,6 +26,7 @@ from engine.attention import AttentionMetadata
 from kernels.activation import gate_up_silu, silu_and_mul
 from kernels import attention as attention_kernels
 from kernels.attention import paged_attention
+from kernels.gemv import gemv
 from kernels.kv_cache import write_kv
 from kernels.norm import embed, rms_norm
 from kernels.rotary import apply_rotary, rotary_write_kv
@@ -343,3 +344,22 @@ def test_gate_up_silu_matches_product_then_silu_and_mul(dtype, rows, gen):
     ref = ref_layers.silu_and_mul(x.cpu().float() @ weight.cpu().float().T)
     assert out.shape == (rows, width) and out.dtype == dtype
     assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(SIZES.hidden + 16, SIZES.hidden), (37, 136), (48, 1000),
+                                   (40, 2 * SIZES.hidden + 8)])
+def test_gemv_matches_the_product(dtype, shape, gen):
+    """Rows off the kernel's row block (37), K off its column tile (136, 1000, and on a GPU
+    8200, which takes the tile for long rows)."""
+    rows, k = shape
+    x = randn(1, k, dtype=dtype, gen=gen)
+    weight = randn(rows, k, dtype=dtype, gen=gen) / k ** 0.5
+    out = gemv(x, weight)
+    assert out.shape == (1, rows) and out.dtype == dtype
+    assert_close(out, x.cpu().float() @ weight.cpu().float().T, dtype)
+
+
+def test_gemv_refuses_more_than_one_row():
+    with pytest.raises(ValueError, match=r"gemv needs x \[1, 8\]"):
+        gemv(torch.zeros(2, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
