@@ -11,7 +11,9 @@
     ENGINE_FUSED_KERNELS=0 (the unfused path, as before the fusions);
 (d) in this process, a ModelRunner of the 8B config: the decode graph's GPU time fused
     and unfused, and the probe's cost per decode step: rounds alternate the probe on
-    and off over the same runner (a paired A/B), mean added us with a 95% interval;
+    and off over the same runner (a paired A/B), mean added us with a 95% interval,
+    over synchronous steps (all of the probe's host time shows) and over pipelined
+    ones (step N+1 launched before step N's tokens are read, as the workers run);
 (e) the gate/up product with SiLU-and-mul as its epilogue (kernels/activation.py's
     gate_up_silu, which the engine does not use) against cuBLAS then silu_and_mul: one
     CUDA graph over every layer's weight per path, GPU time per layer;
@@ -62,6 +64,7 @@ from engine.llm_engine import LLMEngine
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.scheduler_output import PENDING_TOKEN, SchedulerOutput
 
 MODEL_8B, MODEL_1B = "llama-3.1-8b", "llama-3.2-1b"
 AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1B, 1): 2.0}
@@ -175,9 +178,7 @@ class DecodeLoop:
         self._step()    # step 0: the prefill
 
     def _step(self):
-        out = self.runner.execute_model(greedy_batch(self.step_id, self.tokens, self.block_ids)).output()
-        for seq, token in zip(self.tokens, out.sampled_token_ids):
-            seq.append(token)
+        self._append(self.runner.execute_model(greedy_batch(self.step_id, self.tokens, self.block_ids)).output())
         self.step_id += 1
 
     def timed_step(self) -> float:
@@ -190,6 +191,36 @@ class DecodeLoop:
             self._step()
         return time.perf_counter() - start
 
+    def pipelined_steps(self, n: int) -> tuple[float, float]:
+        """n decode steps as a worker runs them: each is launched before the previous
+        step's tokens are read, its input being those tokens on the GPU (PENDING_TOKEN),
+        with a worker's probe calls around it. (Seconds per step, median seconds until
+        execute_model returned.)"""
+        batch, previous, returned = len(self.tokens), None, []
+        start = time.perf_counter()
+        for _ in range(n):
+            ahead = previous is not None     # launched, its tokens not in self.tokens yet
+            out = SchedulerOutput(self.step_id, [f"r{b}" for b in range(batch)],
+                                  [len(seq) - 1 + ahead for seq in self.tokens],
+                                  [[PENDING_TOKEN]] * batch, [True] * batch, [[] for _ in range(batch)])
+            with probe.phase(Phase.DEQUEUE, step=self.step_id):
+                pass
+            probe.ring_read(self.step_id)
+            launched = time.perf_counter()
+            with probe.phase(Phase.EXECUTE_MODEL, step=self.step_id):
+                sampled = self.runner.execute_model(out)
+            returned.append(time.perf_counter() - launched)
+            self.step_id += 1
+            if previous is not None:
+                self._append(previous.output())
+            previous = sampled
+        self._append(previous.output())
+        return (time.perf_counter() - start) / n, statistics.median(returned)
+
+    def _append(self, output) -> None:
+        for seq, token in zip(self.tokens, output.sampled_token_ids):
+            seq.append(token)
+
 
 def graph_ms(runner: ModelRunner, batches: list[int]) -> dict:
     runner.warmup()
@@ -200,7 +231,7 @@ def in_process(model: str, plan: Plan) -> dict:
     """The decode graphs' GPU time fused and unfused (batch 1, 32, 128), then the probe A/B
     at batch 1: each round runs steps_per_arm steps with the probe on and as many off, in
     alternating order; the round's figure is mean(on) - mean(off)."""
-    steps = plan.probe_rounds * 2 * plan.steps_per_arm + 8
+    steps = 2 * plan.probe_rounds * 2 * plan.steps_per_arm + 8   # synchronous, then pipelined
     config = EngineConfig(model=model, max_num_seqs=128, max_model_len=INPUT_LEN + steps + 16, seed=0)
     runner = ModelRunner(resolve_model(model, "dummy"), Communicator(Layout(1, 1), 0), torch.bfloat16,
                          torch.device("cuda", 0), config)
@@ -218,6 +249,8 @@ def in_process(model: str, plan: Plan) -> dict:
 
 
 def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
+    """The probe's cost per decode step, twice: over synchronous steps (the whole of its
+    host time shows) and over pipelined ones, as a worker runs them."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as run_dir:
         os.environ[probe.RUN_DIR_VAR] = run_dir
         probe.init(Role.WORKER, rank=0, world_size=1, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
@@ -226,27 +259,36 @@ def probe_ab(loop: DecodeLoop, plan: Plan) -> dict:
         try:
             for _ in range(8):
                 loop.timed_step()
-            differences, on_means, off_means = [], [], []
-            for round_ in range(plan.probe_rounds):
-                means = {}
-                for on in ((True, False) if round_ % 2 else (False, True)):
-                    probe._probe = recorder if on else None
-                    means[on] = statistics.fmean(loop.timed_step() for _ in range(plan.steps_per_arm))
-                on_means.append(means[True])
-                off_means.append(means[False])
-                differences.append((means[True] - means[False]) * 1e6)
+            synchronous = ab_rounds(plan, recorder, lambda: statistics.fmean(
+                loop.timed_step() for _ in range(plan.steps_per_arm)))
+            pipelined = ab_rounds(plan, recorder, lambda: loop.pipelined_steps(plan.steps_per_arm)[0])
             marks_us = probe_marks_us(200)
         finally:
             probe._probe = recorder
             os.environ.pop(probe.RUN_DIR_VAR, None)
-    mean, half_width = mean_ci95(differences)
-    step_us = statistics.median(off_means) * 1e6
     return {"model_batch": 1, "rounds": plan.probe_rounds, "steps_per_arm": plan.steps_per_arm,
-            "added_us_per_step": mean, "ci95_us": [mean - half_width, mean + half_width],
-            "step_us_probe_off": step_us, "added_percent": 100 * mean / step_us,
-            "round_differences_us": differences, "marks_alone_us": marks_us,
+            "synchronous": synchronous, "pipelined": pipelined, "marks_alone_us": marks_us,
             "note": "tp=1: a replay holds no collective, so the probe's per-step work is its phases; "
                     "the heartbeat thread runs in both arms"}
+
+
+def ab_rounds(plan: Plan, recorder, seconds_per_step) -> dict:
+    """Rounds of seconds_per_step() with the probe on and off, in alternating order; a
+    round's figure is on - off."""
+    differences, off = [], []
+    for round_ in range(plan.probe_rounds):
+        per_step = {}
+        for on in ((True, False) if round_ % 2 else (False, True)):
+            probe._probe = recorder if on else None
+            per_step[on] = seconds_per_step()
+        probe._probe = recorder
+        off.append(per_step[False])
+        differences.append((per_step[True] - per_step[False]) * 1e6)
+    mean, half_width = mean_ci95(differences)
+    step_us = statistics.median(off) * 1e6
+    return {"added_us_per_step": mean, "ci95_us": [mean - half_width, mean + half_width],
+            "step_us_probe_off": step_us, "added_percent": 100 * mean / step_us,
+            "round_differences_us": differences}
 
 
 def probe_marks_us(steps: int) -> float:
@@ -458,10 +500,12 @@ def print_table(rows: list[dict], report: dict) -> None:
                         for arm, ms in row["itl_p50_ms"].items()))
         if name.startswith("in_process/"):
             print(f"{name}: graph ms unfused {value['graph_ms_unfused']}, fused {value['graph_ms_fused']}")
-            p = value["probe"]
-            print(f"probe: +{p['added_us_per_step']:.1f} us/step, 95% CI [{p['ci95_us'][0]:.1f}, "
-                  f"{p['ci95_us'][1]:.1f}], {p['added_percent']:.2f}% of a {p['step_us_probe_off']:.0f} us step; "
-                  f"the marks alone {p['marks_alone_us']:.1f} us")
+            for mode in ("synchronous", "pipelined"):
+                p = value["probe"][mode]
+                print(f"probe, {mode} steps: +{p['added_us_per_step']:.1f} us/step, 95% CI "
+                      f"[{p['ci95_us'][0]:.1f}, {p['ci95_us'][1]:.1f}], {p['added_percent']:.2f}% of a "
+                      f"{p['step_us_probe_off']:.0f} us step")
+            print(f"probe: the marks alone {value['probe']['marks_alone_us']:.1f} us")
     for name in report["errors"]:
         print(f"{name}: FAILED (see errors in the JSON)")
     for name in report["skipped"]:
