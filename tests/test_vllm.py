@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not ins
                                  "here: run ./setup.sh --vllm (CI does)"),
               pytest.mark.timeout(900)]
 DETECT_S = 5.0
-HEALTHY_SPELL_S = 20
 MARK = "vllm.model_executor.models.llama:LlamaModel.forward=forward"
 
 
@@ -130,10 +129,8 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
     assert verdict["detected_after_s"] < 5.0
 
 
-def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_spell_is_clean(
+def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
         tmp_path, checkpoint, cache):
-    """20 s of back-to-back requests: ten times the steady-state hang floor
-    (analysis/thresholds.py), hundreds of steps."""
     shm_before = shm_files()
     plain_port = free_port()
     plain = Server.start(serve_command(checkpoint, plain_port, 2, 1), plain_port, cache, 2,
@@ -148,7 +145,7 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_spell_
     server.wait_ready()
     stop, texts = threading.Event(), []
     server.keep_busy(stop, texts)
-    time.sleep(HEALTHY_SPELL_S)
+    time.sleep(60)
     stop.set()
     time.sleep(2)
     vllm_pid = json.loads((run_dir / "launch.json").read_text())["pid"]
