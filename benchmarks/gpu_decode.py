@@ -392,7 +392,19 @@ def ab_round(engines: dict[str, LLMEngine], batch: int, vocab: int, plan: Plan) 
 
 # -- the run -------------------------------------------------------------------------------
 
+def budget_options(doc: str, name: str, budget_s: float) -> argparse.ArgumentParser:
+    """The options of every budgeted GPU benchmark: --json and --budget-s."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--json", help=f"output file (default: $OUT/{name}.json, else ./{name}.json)")
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="wall-clock budget for the parts")
+    return parser
+
+
 class Run:
+    @classmethod
+    def of(cls, args: argparse.Namespace, name: str) -> Run:
+        return cls(args.json or os.path.join(os.environ.get("OUT", "."), f"{name}.json"), args.budget_s)
+
     def __init__(self, path: str, budget_s: float):
         self.path = path
         self.deadline = time.monotonic() + budget_s
@@ -424,14 +436,11 @@ class Run:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="output file (default: $OUT/gpu_decode.json, else ./gpu_decode.json)")
-    parser.add_argument("--budget-s", type=float, default=460, help="wall-clock budget for the parts")
+    parser = budget_options(__doc__, "gpu_decode", 460)
     parser.add_argument("--quick", action="store_true", help="1B only, fewer tokens and rounds: a check")
     args = parser.parse_args()
-    path = args.json or os.path.join(os.environ.get("OUT", "."), "gpu_decode.json")
     plan = Plan.of(args.quick)
-    run = Run(path, args.budget_s)
+    run = Run.of(args, "gpu_decode")
     run.part("versions", versions, needs_s=0)
     run.part("copy_bandwidth_gb_s", copy_bandwidth_gb_s, needs_s=10)
     fused_tokens = {}
@@ -452,7 +461,7 @@ def main() -> None:
     run.report["summary"] = summary(run.report, plan)
     run.write()
     print_table(run.report["summary"], run.report)
-    print(f"wrote {path}", flush=True)
+    print(f"wrote {run.path}", flush=True)
 
 
 def summary(report: dict, plan: Plan) -> list[dict]:

@@ -8,12 +8,12 @@
     product, and its share of the bandwidth floor (the weight's bytes at the copy
     bandwidth measured in the same run);
 (b) a ModelRunner of the 8B config in this process (dummy bf16 weights, 128 prompt
-    tokens, batch 1), its decode graph captured once per arm of ARMS (which products
-    take gemv): each graph's GPU time over rounds that rotate the order, its kernels'
-    time by family (torch.profiler), whether 48 greedy steps give the same tokens with
-    cuBLAS and with the engine's rule; and, with the engine's rule, the host's share:
-    how long execute_model takes to return (launching, not waiting) and the step period
-    when step N+1 is launched before step N's tokens are read, as the workers do;
+    tokens, batch 1), its decode graph captured with every product on cuBLAS and with
+    the engine's rule (ARMS): each graph's GPU time over rounds that rotate the order,
+    its kernels' time by family (torch.profiler), whether 48 greedy steps give the same
+    tokens both ways; and, with the engine's rule, the host's share: how long
+    execute_model takes to return (launching, not waiting) and the step period when
+    step N+1 is launched before step N's tokens are read, as the workers do;
 (c) through the engine (as gpu_decode.py's part b), ITL p50 at batch 1 for 8B and 1B,
     with ENGINE_GEMV=0 and with the default, in rounds that alternate the two, against
     the floor.
@@ -23,7 +23,6 @@ A part that would start past --budget-s is skipped; a part's error is recorded.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -32,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 from gpu_bench import copy_bandwidth_gb_s, decode_weight_bytes, gpu_ms, versions
-from gpu_decode import INPUT_LEN, MODEL_1B, MODEL_8B, DecodeLoop, Run, engine_itl
+from gpu_decode import INPUT_LEN, MODEL_1B, MODEL_8B, DecodeLoop, Run, budget_options, engine_itl
 
 from engine import layers
 from engine.communicator import Communicator, Layout
@@ -102,19 +101,16 @@ def kernel_sweep(bandwidth_gb_s: float) -> list[dict]:
 
 # -- (b) the 8B runner at batch 1 ----------------------------------------------------
 
-ARMS = {   # which one-row products take gemv: (x, module) -> bool; None: the engine's rule
-    "cublas": lambda x, m: False,
-    "engine": None,
-}
+ARMS = {"cublas": False, "engine": True}   # arm -> layers.GEMV while its graph is captured
 
 
-def capture(runner: ModelRunner, arm: str):
-    saved = layers._takes_gemv
-    layers._takes_gemv = ARMS[arm] or saved
+def capture(runner: ModelRunner, gemv_on: bool):
+    saved = layers.GEMV
+    layers.GEMV = gemv_on
     try:
         runner.warmup()
     finally:
-        layers._takes_gemv = saved
+        layers.GEMV = saved
     return runner.decode_graphs
 
 
@@ -124,7 +120,7 @@ def runner_ab() -> dict:
     runner = ModelRunner(resolve_model(MODEL_8B, "dummy"), Communicator(Layout(1, 1), 0),
                          torch.bfloat16, torch.device("cuda", 0), config)
     runner.init_kv_cache(KV_BLOCKS)
-    graphs = {arm: capture(runner, arm) for arm in ARMS}
+    graphs = {arm: capture(runner, gemv_on) for arm, gemv_on in ARMS.items()}
     report = {"graph_us": alternating_replays(graphs), "kernels_us": {}}
     for arm, g in graphs.items():
         report["kernels_us"][arm] = replay_profile(g.graphs[1][0])
@@ -224,11 +220,7 @@ def print_table(report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="default: $OUT/gpu_gemv.json, else ./gpu_gemv.json")
-    parser.add_argument("--budget-s", type=float, default=480, help="wall-clock budget for the parts")
-    args = parser.parse_args()
-    run = Run(args.json or os.path.join(os.environ.get("OUT", "."), "gpu_gemv.json"), args.budget_s)
+    run = Run.of(budget_options(__doc__, "gpu_gemv", 480).parse_args(), "gpu_gemv")
     run.part("versions", versions, needs_s=0)
     bandwidth = run.part("copy_bandwidth_gb_s", copy_bandwidth_gb_s, needs_s=0)
     run.part("kernel_sweep", kernel_sweep, bandwidth, needs_s=30)

@@ -20,7 +20,6 @@ A part that would start past --budget-s is skipped; a part's error is recorded.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -29,7 +28,7 @@ from contextlib import contextmanager
 
 import torch
 from gpu_bench import gpu_ms, versions
-from gpu_decode import INPUT_LEN, DecodeLoop, Run
+from gpu_decode import INPUT_LEN, DecodeLoop, Run, budget_options
 
 from engine.attention import AttentionMetadata
 from engine.communicator import Communicator, Layout
@@ -167,11 +166,7 @@ def print_table(report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="default: $OUT/gpu_split_attention.json, else ./gpu_split_attention.json")
-    parser.add_argument("--budget-s", type=float, default=120, help="wall-clock budget for the parts")
-    args = parser.parse_args()
-    run = Run(args.json or os.path.join(os.environ.get("OUT", "."), "gpu_split_attention.json"), args.budget_s)
+    run = Run.of(budget_options(__doc__, "gpu_split_attention", 120).parse_args(), "gpu_split_attention")
     run.part("versions", versions, needs_s=0)
     run.part("kernel_alone", kernel_alone, needs_s=10)
     run.part("runner_8b_batch1", runner_ab, needs_s=40)
