@@ -11,7 +11,7 @@ import sys
 
 from diagnose.core import schema
 
-EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_HEALTHY, EXIT_VERDICTS, EXIT_ERROR, EXIT_INTERNAL, EXIT_CRASHED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 DEBUG_VAR = "DIAG_DEBUG"
 JUDGED_CODES = """  0    healthy: no verdict
