@@ -23,7 +23,7 @@ import time
 from diagnose.core.output import OUTPUT_LOG
 from diagnose.core.schema import Document
 from diagnose.launch.collector import EXIT_FILE
-from diagnose.probe.marks import ARMED_FILE
+from diagnose.probe.marks import ALONE_CLAIM, ARMED_FILE
 
 LOCK_FILE = "launch.lock"
 MARKER_FILE = ".diag-run"
@@ -130,4 +130,5 @@ def clear_run_files(run_dir: str) -> None:
 
 def _is_run_file(name: str) -> bool:
     return (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
-            or name in (EXIT_FILE, Document.REPORT, Document.LAUNCH, OUTPUT_LOG, ARMED_FILE))
+            or name in (EXIT_FILE, Document.REPORT, Document.LAUNCH, OUTPUT_LOG, ARMED_FILE,
+                         ALONE_CLAIM))

@@ -38,9 +38,11 @@ from diagnose.launch.job import end_job, job_processes, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
+from diagnose.launch.waiting import Waiting
 from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
 
+ENDED_MARK = "--- diag ended the job here"   # how diag's line in the output starts
 EXIT_HUNG = 86          # the launcher ended the run because it hung
 EXIT_STOPPED = 130      # the user stopped the run ("stop" in the TUI; Ctrl-C is 128 + SIGINT)
 POLL_S = 0.25
@@ -48,6 +50,7 @@ PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 SHM_SAMPLE_S = 2.0      # how often the job's shared memory is noted
+PROBE_PATH_VAR = "DIAG_PROBE_PATH"   # the probe's own dependencies, for the job's Python
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
                              "bootstrap")
 
@@ -83,6 +86,7 @@ def command_env(opts: LaunchOptions) -> dict[str, str]:
     env[probe.RUN_DIR_VAR] = os.path.abspath(opts.run_dir)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [BOOTSTRAP_DIR, env.get("PYTHONPATH")]))
+    env[PROBE_PATH_VAR] = os.path.dirname(os.path.dirname(os.path.abspath(psutil.__file__)))
     if opts.marks:
         env[marks.MARKS_VAR] = ";".join(opts.marks)
     if opts.faults:
@@ -108,7 +112,10 @@ class Launcher:
         self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
         self.proc: subprocess.Popen | None = None
         self.guardian: Guardian | None = None
-        self.reported: set[tuple] = set()
+        self.waiting = Waiting(opts.marks, opts.run_dir)
+        self.reported: set[tuple] = set()     # the hangs dumped and reported
+        self.said: set[tuple] = set()         # the verdicts said in the output
+        self.echo_verdicts = False            # and on the terminal (no view shows them)
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
         self.notes: list[str] = []          # the report's notes, once it is written
@@ -131,6 +138,7 @@ class Launcher:
             raise LaunchError(f"cannot run {self.opts.command[0]!r}: {error.strerror}") from None
         self.guardian.watch(self.proc.pid)
         self.output.follow(self.proc.stdout)
+        self.waiting = Waiting(self.opts.marks, self.opts.run_dir)
         self._write_json(Document.LAUNCH, {"command": self.opts.command, "pid": self.proc.pid,
                                            "started_at": time.time(), **_options_json(self.opts)})
 
@@ -179,11 +187,23 @@ class Launcher:
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
         self.snapshot = snapshot
+        for line in self.waiting.lines(snapshot, _phase_names(snapshot)):
+            self.output.say(line)
         if time.monotonic() >= self.next_shm_sample:
             self.shm.sample([process.pid for process in self._job()])
             self.next_shm_sample = time.monotonic() + SHM_SAMPLE_S
         self.role.after_poll(self)
+        self._say_new_verdicts()
         return self.verdicts
+
+    def _say_new_verdicts(self) -> None:
+        """Each verdict once, when it appears, in the output (and on the terminal
+        where no view shows it): a hang's sentence says "for 3 s", then "for 4 s",
+        but it is the same hang until its kind or culprit changes."""
+        for verdict in self.verdicts:
+            if verdict_key(verdict) not in self.said:
+                self.said.add(verdict_key(verdict))
+                self.output.say(f"{verdict.kind}: {verdict.summary}", echo=self.echo_verdicts)
 
     def run(self, on_update=lambda launcher: None) -> Outcome:
         """Start the command and watch it until it ends, a hang ends it, or stop()."""
@@ -238,6 +258,8 @@ class Launcher:
         """exit.json says how the command ended: by itself, or stopped (and then
         which probed processes the stop ended: the analysis judges a stopped job
         as it stood then, not by the deaths the stop caused)."""
+        if stopped_by:
+            self.output.say(ending_line(stopped_by, self.verdicts), echo=stopped_by == "hang")
         stop = self._stop_record() if stopped_by else None
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
@@ -278,6 +300,7 @@ class Launcher:
         claim.clear_run_files(self.opts.run_dir)
         self.collector = Collector(self.opts.run_dir)
         self.reported.clear()
+        self.said.clear()
         self.start()
 
     # -- dumps and the report -------------------------------------------
@@ -322,6 +345,18 @@ class Launcher:
     def _write_json(self, document: Document, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, str(document)), "w") as f:
             json.dump(schema.stamped(document, body), f, indent=1, default=str)
+
+
+def ending_line(stopped_by: str, verdicts: list[Verdict]) -> str:
+    """diag's line in the job's output where it ends the job: the lines after it are
+    the job being stopped (a torchrun agent's SignalException, say), not its failure."""
+    hangs = [verdict for verdict in verdicts if verdict.kind in HANG_KINDS]
+    if stopped_by == "hang" and hangs:
+        culprits = ", ".join(map(str, hangs[0].culprit_ranks)) or "none named"
+        why = f"--on-hang kill: {hangs[0].kind}, culprit rank {culprits}"
+    else:
+        why = f"stopped by {stopped_by}"
+    return f"{ENDED_MARK} ({why}) ---"
 
 
 def verdict_key(verdict: Verdict) -> tuple:

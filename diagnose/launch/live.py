@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.text import Text
 
 from diagnose.core.snapshot import Snapshot
-from diagnose.launch.launcher import Launcher, Outcome, verdict_key
+from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.launch.output import to_stderr
 from diagnose.launch.rundir import LauncherSource
 from diagnose.offline import report
@@ -42,7 +42,7 @@ def stopping_on_signals(launcher: Launcher, then=lambda: None):
 def run_with_live_view(launcher: Launcher, console: Console | None = None) -> Outcome:
     console = console or Console(stderr=True)
     if not console.is_terminal:
-        return _run_plain(launcher, console)
+        return _run_plain(launcher)
     with Live(console=console, refresh_per_second=4, transient=True) as live, \
             stopping_on_signals(launcher):
         launcher.output.echo = _above(live)
@@ -63,18 +63,11 @@ def _above(live: Live):
     return echo
 
 
-def _run_plain(launcher: Launcher, console: Console) -> Outcome:
-    """Each verdict once, when it appears: a hang's sentence says "for 3 s", then
-    "for 4 s", but it is the same hang until its kind or culprit changes."""
-    shown: set[tuple] = set()
-
-    def update(l: Launcher) -> None:
-        for verdict in l.verdicts:
-            if verdict_key(verdict) not in shown:
-                shown.add(verdict_key(verdict))
-                console.print(f"diag: {verdict.kind}: {verdict.summary}", soft_wrap=True)
+def _run_plain(launcher: Launcher) -> Outcome:
+    """Each verdict once, when it appears (the launcher says it)."""
+    launcher.echo_verdicts = True
     with stopping_on_signals(launcher):
-        return launcher.run(on_update=update)
+        return launcher.run()
 
 
 def print_outcome(launcher: Launcher, outcome: Outcome) -> None:

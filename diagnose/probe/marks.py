@@ -12,6 +12,11 @@ call there would change what Dynamo traces (fullgraph capture fails on it).
 Such calls are not recorded; once compiled, the function body runs as a graph
 and the wrapper is not called at all.
 
+A process that is no rank of a torch.distributed job (no RANK in its
+environment, no process group) becomes rank 0 of 1 at its first marked call:
+a plain Python program is watched through its marks alone. One process of a
+run at most does so (the first to take ALONE_CLAIM in the run dir).
+
 A marked method stays a method whose first parameter is named `self`: vLLM's
 compile wrapper (without its AOT cache) finds its module in the traced frame's
 local `self`. A staticmethod or classmethod stays one.
@@ -23,15 +28,18 @@ import inspect
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from diagnose import probe
 from diagnose.core.schema import Document, read_version, stamped
+from diagnose.core.vocab import Role
 from diagnose.probe import torch_dist
 
 MARKS_VAR = "DIAG_MARKS"       # marks separated by ';'
 ARMED_FILE = "marks.jsonl"     # in the run dir: {"mark": ..., "pid": ...} per armed mark
 PHASE_NAME_BYTES = 32          # the probe file's phase name field
+ALONE_CLAIM = "marked-process.claim"   # in the run dir: the process that is rank 0 of 1
 
 
 class MarkSpecError(ValueError):
@@ -101,6 +109,8 @@ class _Phase:
     def run(self, function, args, kwargs):
         if self.compiling():
             return function(*args, **kwargs)
+        if not probe.is_on():
+            _start_alone()
         step, self.calls = self.calls, self.calls + 1
         with probe.phase(self.name, step=step):
             return function(*args, **kwargs)
@@ -120,6 +130,30 @@ def _as_method_phase(function, phase: _Phase):
     return marked
 
 
+def _start_alone() -> None:
+    """The probe of a process outside any torch.distributed job, as rank 0 of 1."""
+    run_dir = os.environ.get(probe.RUN_DIR_VAR)
+    if not run_dir or "RANK" in os.environ or _in_process_group():
+        return
+    try:
+        os.close(os.open(os.path.join(run_dir, ALONE_CLAIM), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        return                  # another process of the run is rank 0 already
+    try:
+        probe.init(role=Role.PROCESS, rank=0, world_size=1, groups={"world": [0]})
+    except Exception as error:  # the host program runs on without its probe
+        print(f"diag: --mark: the probe could not start in this process: {error!r}",
+              file=sys.stderr)
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:           # a torch we cannot ask: leave the probe to its process group
+        return True
+
+
 def _compiling_check():
     """torch.compiler.is_compiling where torch is loaded (Dynamo folds it to True
     while it traces), else a function that says no."""
@@ -131,7 +165,8 @@ def _note_armed(mark: Mark) -> None:
     run_dir = os.environ.get(probe.RUN_DIR_VAR)
     if not run_dir:
         return
-    line = json.dumps(stamped(Document.MARK, {"mark": str(mark), "pid": os.getpid()})) + "\n"
+    line = json.dumps(stamped(Document.MARK, {"mark": str(mark), "pid": os.getpid(),
+                                              "at": time.time()})) + "\n"
     try:
         with open(os.path.join(run_dir, ARMED_FILE), "a") as sink:
             sink.write(line)
@@ -142,7 +177,7 @@ def _note_armed(mark: Mark) -> None:
 def notes(texts: list[str], run_dir: str, phases_seen: set[str]) -> list[str]:
     """What the launcher says at the end about the run's marks: those whose module
     no process imported, and those armed that left no phase in the ranks' files."""
-    armed, found = _armed_marks(run_dir), []
+    armed, found = armed_at(run_dir), []
     for mark in map(parse_mark, texts):
         if str(mark) not in armed:
             found.append(f"--mark {mark}: no process of the job imported {mark.module}; "
@@ -154,17 +189,20 @@ def notes(texts: list[str], run_dir: str, phases_seen: set[str]) -> list[str]:
     return found
 
 
-def _armed_marks(run_dir: str) -> set[str]:
-    """The marks some process of the run armed."""
+def armed_at(run_dir: str) -> dict[str, float]:
+    """The marks some process of the run armed, and when the first one did (0.0 where
+    the line says not)."""
     try:
         with open(os.path.join(run_dir, ARMED_FILE)) as source:
             lines = source.readlines(1 << 20)
     except OSError:
-        return set()
-    armed = set()
+        return {}
+    armed: dict[str, float] = {}
     for line in lines:
         try:
-            armed.add(str(read_version(Document.MARK, json.loads(line))["mark"]))
+            body = read_version(Document.MARK, json.loads(line))
+            mark, at = str(body["mark"]), float(body.get("at", 0.0))
         except (ValueError, KeyError, TypeError):
             continue
+        armed[mark] = min(armed.get(mark, at), at)
     return armed

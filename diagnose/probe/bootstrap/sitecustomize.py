@@ -3,7 +3,8 @@ this directory first on PYTHONPATH. Without DIAG_RUN_DIR it only runs the
 sitecustomize it hides, if there is one; with it, it arms the probe's
 torch.distributed tracing, the --mark functions and the vLLM plugin (all wait
 for their module's import, so a process that never imports them pays a dict
-lookup per import)."""
+lookup per import). DIAG_PROBE_PATH names where the launcher's own psutil is,
+appended last too: the job's Python may be another environment's."""
 import importlib.machinery
 import importlib.util
 import os
@@ -20,8 +21,9 @@ def _run_hidden_sitecustomize():
 
 def _arm_probe():
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    if repo not in sys.path:
-        sys.path.append(repo)  # last: the program's own modules win over ours
+    for entry in [repo] + os.environ.get("DIAG_PROBE_PATH", "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.append(entry)  # last: the program's own modules win over ours
     from diagnose.probe import marks, torch_dist, vllm
     torch_dist.install()
     marks.install()
