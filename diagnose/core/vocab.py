@@ -1,5 +1,5 @@
 """The names that cross rooms: the phases a rank marks, the kinds of verdict, the
-roles of a process. Each is a `str` enum, so it is written to files and JSON as
+roles of a process, what a rank is doing. Each is a `str` enum, so it is written to files and JSON as
 its plain value, and a value read back compares equal to its member."""
 from __future__ import annotations
 
@@ -55,6 +55,18 @@ class VerdictKind(Name):
 # The kinds that stop a job: the launcher dumps, reports and (with --on-hang kill)
 # ends the run on these; a straggler makes progress.
 HANG_KINDS = frozenset(VerdictKind) - {VerdictKind.STRAGGLER}
+
+
+class Activity(Name):
+    """What a rank's main thread is doing now, read from its live stack
+    (diagnose/analysis/activity.py holds the table of frames behind each)."""
+    COLLECTIVE = "collective"  # waits in a collective: gloo, NCCL, vLLM's shm all-reduce, ...
+    GPU_WAIT = "gpu_wait"      # waits for its GPU: a stream or event sync, .item(), .tolist()
+    IDLE = "idle"              # waits for work: a broadcast ring, a zmq poll
+    COMPILING = "compiling"    # Dynamo, Inductor, a Triton JIT, a compiler child, a cache lock
+    SLEEPING = "sleeping"      # time.sleep, or blocked on something outside the job
+    RUNNING = "running"        # its own code
+    UNKNOWN = "unknown"        # no stack to read
 
 
 class RankStatus(Name):
