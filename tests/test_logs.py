@@ -279,3 +279,25 @@ def test_piped_findings_keep_one_line_each(capsys, monkeypatch):
     [finding] = read("vllm_tp2pp2_worker_assert.log")[:1]
     assert f"FIRST  {finding.summary}" in out
     assert max(map(len, out)) > 60
+
+
+def test_an_exception_before_diags_verdict_stays_first(tmp_path):
+    """diag's 'dead' verdict comes after the rank's own traceback: the traceback is
+    the first failure (it says why), diag's line another finding; what follows
+    diag's stop is a note."""
+    log = write(tmp_path / "capture.log", [
+        b"[rank1]: Traceback (most recent call last):\n",
+        b'[rank1]:   File "/job/train.py", line 9, in step\n',
+        b"[rank1]:     raise ValueError('bad batch')\n",
+        b"[rank1]: ValueError: bad batch\n",
+        b"diag: dead: rank 1 died in train_step at step 3; rank 0 waits on it\n",
+        b"diag: --- diag ended the job here (--on-hang kill: dead, culprit rank 1) ---\n",
+        b"Traceback (most recent call last):\n",
+        b'  File "/torch/run.py", line 86, in _terminate_process_handler\n',
+        b"torch.distributed.elastic.multiprocessing.api.SignalException: Process 9 got signal: 15\n",
+    ])
+    first, verdict, stopped = scan_file(log)
+    assert (first.kind, first.rank) == (Kind.EXCEPTION, 1) and "bad batch" in first.summary
+    assert (verdict.kind, verdict.severity, verdict.rank) == (Kind.DIAG_VERDICT, Severity.FAILURE, 1)
+    assert (stopped.kind, stopped.severity) == (Kind.AFTER_SHUTDOWN, Severity.NOTE)
+    assert "SignalException" in stopped.summary

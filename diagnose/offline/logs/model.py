@@ -25,6 +25,7 @@ class Kind(Name):
     LMCACHE_NEGATIVE_LOAD = "lmcache_negative_load"
     NCCL_WARNING = "nccl_warning"
     AFTER_SHUTDOWN = "after_shutdown"        # errors printed while a requested stop was under way
+    DIAG_VERDICT = "diag_verdict"            # diag launch's own verdict line in the output
     # what follows a failure: the links of its chain
     ENGINE_CORE_FATAL = "engine_core_fatal"
     ENGINE_DEAD = "engine_dead"
@@ -38,6 +39,7 @@ class Kind(Name):
     PROGRESS = "progress"                    # a request finished (HTTP 2xx) or tokens came out
     READY = "ready"                          # the server started answering
     SHUTDOWN = "shutdown"                    # someone asked the job to stop
+    DIAG_ENDED = "diag_ended"                # diag launch ended the job here
 
 
 class Severity(Name):

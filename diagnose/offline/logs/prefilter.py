@@ -24,7 +24,7 @@ COMMON = (b"Traceback (most recent", b"above exception", b"CUDA error", b"emory"
           b"NCCL WARN", b"Root Cause", b"Starting vLLM", b"startup complete", b"collective",
           b"are the lagging ranks", b"signal", b"died unexpectedly", b"exit",
           b"is assigned as", b"last enqueued", b"local_rank:", b"need to load: -",
-          b"non-default args", b"shutdown triggered", b"_size", b"worker failed:")
+          b"non-default args", b"shutdown triggered", b"_size", b"worker failed:", b"diag: ")
 HTTP_ERRORS = (b'HTTP/1.1" 5', b'HTTP/1.0" 5', b'HTTP/2" 5')
 PROGRESS = (((b'HTTP/1.1" 2', b'HTTP/1.0" 2', b'HTTP/2" 2'), lambda line: b'"POST ' in line),
             ((b"generation throughput: ",), lambda line: _tokens(line) > 0))

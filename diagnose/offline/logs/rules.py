@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diagnose.offline.logs import diag_lines
 from diagnose.offline.logs.model import Kind
 from diagnose.offline.logs.tracebacks import PyError
 
@@ -179,6 +180,7 @@ LINE_RULES = (
     Rule(("died unexpectedly",), _worker_died),
     Rule(("NCCL WARN",), _nccl_warn),
     Rule(("Root Cause", "local_rank:", "exitcode", "closing signal"), _torchrun),
+    Rule(("diag: ",), diag_lines.read),
 )
 
 # the lines the traceback assembler needs to see even when no rule asks for them

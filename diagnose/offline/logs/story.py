@@ -12,6 +12,7 @@ are that stop and not a failure.
 """
 from __future__ import annotations
 
+from diagnose.offline.logs import diag_lines
 from diagnose.offline.logs.behind import behind
 from diagnose.offline.logs.hang import hang
 import re
@@ -44,8 +45,8 @@ class Teller:
         return self.scan.procs.describe(proc)
 
     def tell(self) -> list[Finding]:
+        notes = self._notes() + self._after_diag_stop()
         roots = self._roots()
-        notes = self._notes()
         stop = self.kinds.get(Kind.SHUTDOWN)
         if stop:
             asked = stop[0].first.order
@@ -60,6 +61,8 @@ class Teller:
                                         if entry.first.order < asked]
                 roots = []
         candidates = [(entry.first.order, "root", entry) for entry in roots]
+        candidates += [(entry.first.order, "diag", diag_lines.verdict(entry, self))
+                       for entry in self.kinds.get(Kind.DIAG_VERDICT, [])]
         stalled = hang(self.kinds, self)
         if stalled and stalled[0].severity == Severity.NOTE:
             notes.insert(0, stalled[0])
@@ -136,7 +139,7 @@ class Teller:
         others = [self._root(other) if kind_of == "root" else other
                   for _, kind_of, other in candidates[1:]
                   if (kind_of == "root" and id(other) not in chained)
-                  or (other is lagging and keep_lagging)]
+                  or (other is lagging and keep_lagging) or kind_of == "diag"]
         return [first] + others
 
     def _orphans(self) -> list[Finding]:
@@ -151,6 +154,23 @@ class Teller:
                         "log of the process it names (or every process's log) to diag logs")
         first.chain = [link(entry, self, Severity.FAILURE) for entry in orphans[1:]]
         return [first]
+
+    def _after_diag_stop(self) -> list[Finding]:
+        """What the job printed after diag ended it is its being stopped: out of the
+        failures and their chains, into one note."""
+        ended = self.kinds.get(Kind.DIAG_ENDED)
+        if not ended:
+            return []
+        cut = ended[0].first.order
+        late = sorted((entry for kind in ROOTS + LINKS for entry in self.kinds.get(kind, [])
+                       if entry.first.order > cut), key=lambda entry: entry.first.order)
+        for kind in ROOTS + LINKS:
+            self.kinds[kind] = [entry for entry in self.kinds.get(kind, [])
+                                if entry.first.order < cut]
+        if not late:
+            return []
+        words = sorted({link(entry, self, Severity.NOTE).summary for entry in late})
+        return [diag_lines.after_stop(ended[0], late, self, words)]
 
     def _notes(self) -> list[Finding]:
         return [finding(entry, self, Severity.NOTE, advice=LMCACHE_ADVICE,
