@@ -1,9 +1,60 @@
-"""Checks over the whole session."""
+"""Checks over the whole session, and the tiers every test belongs to.
+
+Each test has exactly one tier (pyproject.toml lists them): the nearest of its own
+marker, its file's `pytestmark`, or its file's row in FILE_TIERS. `pytest -m unit`
+is the fast tier; a test in no tier fails collection, so a new file says where it
+belongs."""
 import os
 
 import pytest
 
 RUNS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs")
+TIERS = ("unit", "e2e", "vllm", "gpu")
+
+FILE_TIERS = {
+    # no job started: in-process, or a short subprocess of diag on files
+    **dict.fromkeys([
+        "test_analysis.py", "test_bad_input.py", "test_block_manager.py", "test_engine_cli.py",
+        "test_faults.py", "test_flight_recorder.py", "test_fr_peer_suite.py", "test_link.py",
+        "test_loader.py", "test_model.py", "test_one_culprit.py", "test_progress.py",
+        "test_sampler.py", "test_scheduler.py", "test_schema.py", "test_shm_ring.py",
+        "test_sites.py", "test_tokenizer.py", "test_torch_debug.py", "test_tui_keys.py",
+        "test_tui_states.py", "test_unseen_waits.py", "test_worker_replies.py",
+    ], "unit"),
+    # real processes: the engine, torchrun jobs, diag launch, the HTTP server
+    **dict.fromkeys([
+        "test_analyze_cli.py", "test_bench.py", "test_collector.py", "test_cuda_relaunch.py",
+        "test_diag_cli.py", "test_diag_head_link.py", "test_dump.py", "test_engine.py",
+        "test_fault_matrix.py", "test_fuzz_analyze.py", "test_generic.py",
+        "test_gpu_stuck.py", "test_healthy_endings.py", "test_install.py", "test_kernels.py",
+        "test_launch_lifecycle.py", "test_launch_output.py", "test_logs.py",
+        "test_multinode.py", "test_multinode_diag.py", "test_probe.py", "test_server.py",
+        "test_synth.py", "test_tui.py", "test_tui_e2e.py",
+    ], "e2e"),
+    "test_vllm.py": "vllm",
+    **dict.fromkeys(["test_gpu.py", "test_gpu_diag.py"], "gpu"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = _tier(item)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid} has no tier: mark it with one of {TIERS} "
+                                    f"(tests/conftest.py)")
+        item.add_marker(tier)
+
+
+def _tier(item) -> str | None:
+    """The nearest tier: the test's own marker, its file's pytestmark, FILE_TIERS. A
+    file with a pytestmark tier holds tests of that tier only."""
+    marks = getattr(item.module, "pytestmark", [])
+    for names in ([mark.name for mark in item.own_markers],
+                  [mark.name for mark in (marks if isinstance(marks, list) else [marks])]):
+        tiers = [name for name in names if name in TIERS]
+        if tiers:
+            return tiers[0]
+    return FILE_TIERS.get(os.path.basename(str(item.fspath)))
 
 
 @pytest.fixture(scope="session", autouse=True)

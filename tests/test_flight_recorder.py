@@ -178,6 +178,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.e2e
 def test_the_installed_torch_writes_what_the_reader_expects(tmp_path):
     target = tmp_path / "nccl_trace_rank_0"
     subprocess.run([sys.executable, "-c", PRODUCE_DUMP, str(target)], check=True, timeout=60)

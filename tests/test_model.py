@@ -97,6 +97,7 @@ def tiny_hf_model(kind: str):
     return model.eval()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_hf_checkpoint_matches_transformers_through_paged_cache(tmp_path, kind):
     hf_model = tiny_hf_model(kind)
@@ -151,6 +152,7 @@ def hf_greedy(hf_model, prompt_ids: list[int], num_tokens: int) -> list[int]:
     return generated
 
 
+@pytest.mark.e2e
 def test_smollm2_greedy_matches_transformers_gguf(smollm2):
     from transformers import AutoModelForCausalLM
     source, tokenizer, model = smollm2
@@ -212,6 +214,7 @@ def run_pipelined(model, comm, prompt):
         return model.compute_logits(hidden)
 
 
+@pytest.mark.e2e
 def test_tp2_and_pp2_match_one_rank(tmp_path):
     prompt = torch.randint(0, 512, (17,), generator=torch.Generator().manual_seed(3)).tolist()
     expected = run_prefill_and_decode(load_model(resolve_model("tiny-llama"), seed=7), prompt)

@@ -55,6 +55,7 @@ def assert_same_as_transformers(ours: Tokenizer, hf):
             messages, tokenize=False, add_generation_prompt=True)
 
 
+@pytest.mark.e2e
 def test_gguf_tokenizer_matches_transformers(smollm2):
     source, hf = smollm2
     ours = source.tokenizer()
@@ -63,6 +64,7 @@ def test_gguf_tokenizer_matches_transformers(smollm2):
     assert ours.vocab_size == len(hf) == 49152
 
 
+@pytest.mark.e2e
 def test_hf_dir_tokenizer_matches_transformers(smollm2, tmp_path):
     source, hf = smollm2
     hf.save_pretrained(tmp_path)
