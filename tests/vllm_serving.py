@@ -58,10 +58,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(checkpoint: Path, port: int, tp: int, pp: int) -> list[str]:
+def serve_command(checkpoint: Path, port: int, tp: int, pp: int,
+                  eager: bool = False) -> list[str]:
     return [str(VLLM), "serve", str(checkpoint), "--served-model-name", "tiny", "--host",
             "127.0.0.1", "--port", str(port), "-tp", str(tp), "-pp", str(pp),
-            "--max-model-len", "512", "--max-num-seqs", "8"]
+            "--max-model-len", "512", "--max-num-seqs", "8"] + (["--enforce-eager"] * eager)
 
 
 @dataclass
@@ -82,10 +83,13 @@ class Server:
 
     @classmethod
     def start(cls, command: list[str], port: int, cache: Path, world_size: int,
-              log: Path, cwd: Path = REPO, tidy_shm: bool = False) -> Server:
+              log: Path, cwd: Path = REPO, tidy_shm: bool = False,
+              env: dict[str, str] | None = None) -> Server:
+        """`env`: more variables for the command (HS_TEST_FAULT, say)."""
         tmp = tempfile.mkdtemp(prefix="vllm-")
         sink = open(log, "wb")
-        process = subprocess.Popen(command, env=vllm_env(cache, tmp, world_size), stdout=sink,
+        process = subprocess.Popen(command, env={**vllm_env(cache, tmp, world_size), **(env or {})},
+                                   stdout=sink,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
         return cls(process, port, log, tmp, tidy_shm=tidy_shm)
 

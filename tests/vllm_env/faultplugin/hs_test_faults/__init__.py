@@ -1,0 +1,105 @@
+"""Faults inside a real vLLM worker's step, for hangscope's tests: a vLLM general
+plugin, inert unless HS_TEST_FAULT is set.
+
+    HS_TEST_FAULT="rank=1,call=3,kind=sleep[;rank=2,call=3,kind=assert...]"
+
+On the worker of global rank `rank`, at its `call`-th Worker.execute_model (1 is
+the first), before vLLM's own execute_model runs:
+
+    sleep    block for `seconds` (default 3600), as a rank stuck inside a step
+    raise    raise RuntimeError, which vLLM's worker loop catches and returns
+    compile  torch.compile a function no cache has seen and run it (Inductor
+             builds C++ in a subprocess under its cache lock), then go on
+    assert   assert False: vLLM's worker loop catches the AssertionError too
+
+vLLM loads general plugins in each worker before it builds the worker, and
+hangscope wraps the worker's methods later, when the worker sets up its process
+groups: so this wrapper runs inside hangscope's, after the phase was opened, as
+a real fault inside the step would. Each fault says on stderr that it fired.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+VAR = "HS_TEST_FAULT"
+KINDS = ("sleep", "raise", "compile", "assert")
+_calls = 0
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    call: int
+    kind: str
+    seconds: float = 3600.0
+
+
+def parse(text: str) -> list[Fault]:
+    """The faults of HS_TEST_FAULT; ValueError names a malformed one."""
+    faults = []
+    for spec in filter(None, (part.strip() for part in text.split(";"))):
+        fields = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+        if fields.get("kind") not in KINDS or not {"rank", "call"} <= fields.keys():
+            raise ValueError(f"{VAR}: {spec!r} needs rank=R,call=N,kind={'|'.join(KINDS)}")
+        faults.append(Fault(int(fields["rank"]), int(fields["call"]), fields["kind"],
+                            float(fields.get("seconds", 3600))))
+    return faults
+
+
+def register() -> None:
+    """vLLM's entry point: in a worker process, wrap Worker.execute_model."""
+    text = os.environ.get(VAR)
+    if not text or not multiprocessing.current_process().name.startswith("VllmWorker"):
+        return
+    faults = parse(text)
+    from vllm.v1.worker import gpu_worker
+    worker_cls = gpu_worker.Worker
+    if getattr(worker_cls.execute_model, "hs_test_faults", False):
+        return
+    worker_cls.execute_model = _with_faults(worker_cls.execute_model, faults)
+
+
+def _with_faults(original, faults: list[Fault]):
+    @functools.wraps(original)
+    def execute_model(self, *args, **kwargs):
+        global _calls
+        _calls += 1
+        for fault in faults:
+            if fault.rank == self.rank and fault.call == _calls:
+                _fire(fault)
+        return original(self, *args, **kwargs)
+    execute_model.hs_test_faults = True
+    return execute_model
+
+
+def _fire(fault: Fault) -> None:
+    print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind}",
+          file=sys.stderr, flush=True)
+    if fault.kind == "sleep":
+        time.sleep(fault.seconds)
+    elif fault.kind == "raise":
+        raise RuntimeError(f"hs_test_faults: rank {fault.rank} raised at call {fault.call}")
+    elif fault.kind == "assert":
+        assert False, f"hs_test_faults: rank {fault.rank} asserted at call {fault.call}"
+    else:
+        _compile_something_new()
+    print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind} done",
+          file=sys.stderr, flush=True)
+
+
+def _compile_something_new() -> None:
+    """A function whose graph holds a constant no cache has seen (this process's
+    id and the time), so Inductor builds it from scratch."""
+    import torch
+    salt = float(os.getpid() % 9973) + time.time() % 1.0
+
+    def new_function(x):
+        return torch.nn.functional.gelu(x * salt + 1.0).sum(dim=-1)
+
+    compiled = torch.compile(new_function, backend="inductor", dynamic=False)
+    compiled(torch.randn(8, 64))
