@@ -18,6 +18,7 @@ import torch
 
 from diagnose import probe
 from diagnose.core.layout import Layout
+from diagnose.core.proc_names import engine_rank_name, name_this_process
 from diagnose.core.vocab import Phase, Role
 from engine.communicator import Communicator
 from engine.config import EngineConfig
@@ -103,6 +104,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def worker_main(args: WorkerArgs, reply_conn) -> None:
+    name_this_process(engine_rank_name(args.rank))   # how diag attach finds the rank
     threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
     ring = ShmRing.attach(args.ring_handle)
     try:
