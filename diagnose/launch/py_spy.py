@@ -16,6 +16,7 @@ from diagnose.core.frames import frame_label, is_native, native_label
 class ExternalStacks:
     threads: dict[str, list[str]] | None  # None when py-spy gave nothing
     note: str | None = None               # why not (or why not native), in one line
+    denied: bool = False                  # py-spy was refused ptrace over the process
 
 
 def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0) -> ExternalStacks:
@@ -47,7 +48,7 @@ def _run(exe: str, pid: int, native: bool, timeout: float) -> ExternalStacks:
     except subprocess.TimeoutExpired:
         return ExternalStacks(None, f"py-spy dump of pid {pid} took over {timeout:g}s")
     if done.returncode != 0:
-        return ExternalStacks(None, _failure_note(pid, done.stderr))
+        return ExternalStacks(None, _failure_note(pid, done.stderr), _denied(done.stderr))
     try:
         return ExternalStacks(_threads_from_json(json.loads(done.stdout)))
     except (ValueError, KeyError, TypeError) as error:
@@ -59,10 +60,15 @@ def _beside_python(name: str) -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
+def _denied(stderr: str) -> bool:
+    lowered = stderr.lower()
+    return "permission" in lowered or "operation not permitted" in lowered
+
+
 def _failure_note(pid: int, stderr: str) -> str:
     text = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
     lowered = stderr.lower()
-    if "permission" in lowered or "operation not permitted" in lowered:
+    if _denied(stderr):
         return (f"py-spy may not read pid {pid}: {text} (run as root, or allow ptrace: "
                 f"sysctl kernel.yama.ptrace_scope=0, or docker --cap-add SYS_PTRACE)")
     if "no such" in lowered or "failed to find" in lowered:
