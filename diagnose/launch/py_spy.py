@@ -19,13 +19,18 @@ class ExternalStacks:
     denied: bool = False                  # py-spy was refused ptrace over the process
 
 
-def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0) -> ExternalStacks:
+def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0,
+                nonblocking: bool = False) -> ExternalStacks:
     """`py-spy dump --json` of another process (needs ptrace rights over it). With
     native, C/C++ frames too, marked as such; where py-spy cannot give them, its
-    Python frames, with a note that says why."""
+    Python frames, with a note that says why. nonblocking (Python frames only)
+    reads without pausing the process, so it works while another dump pauses it,
+    at the price of a stack that may be torn."""
     exe = shutil.which("py-spy") or _beside_python("py-spy")
     if exe is None:
         return ExternalStacks(None, "py-spy is not installed (pip install py-spy)")
+    if nonblocking and not native:
+        return _run(exe, pid, False, timeout, ["--nonblocking"])
     stacks = _run(exe, pid, native, timeout)
     if not native:
         return stacks
@@ -41,8 +46,10 @@ def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0) -> Extern
     return stacks
 
 
-def _run(exe: str, pid: int, native: bool, timeout: float) -> ExternalStacks:
+def _run(exe: str, pid: int, native: bool, timeout: float,
+         extra: list[str] | None = None) -> ExternalStacks:
     command = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
+    command += extra or []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
