@@ -21,6 +21,8 @@ class Document(Name):
     STACKS = "stacks-R.json"            # a probe's stacks dump
     ERROR = "error-R.json"              # the exception that left a phase
     MARK = "marks.jsonl"                # one line per armed --mark
+    SNAPSHOT = "snapshot.json"          # diag attach: the snapshot it judged
+    ATTACH = "attach.json"              # diag attach: the job it found and its samples
     DUMP = "dump"                       # diag dump --json, and dump-<time>.json
     ANALYZE = "analyze"                 # diag analyze --json
     LOGS = "logs"                       # diag logs --json

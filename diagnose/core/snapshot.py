@@ -198,3 +198,28 @@ def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
         return {int(rank): checked(RankState, state) for rank, state in ranks.items()}
     except (TypeError, AttributeError, ValueError) as error:
         raise ValueError(f"malformed rank state: {error}") from None
+
+
+def snapshot_from_dict(data: dict, run_dir: str) -> Snapshot:
+    """A Snapshot from its dataclasses.asdict() form (diag attach's snapshot.json),
+    every field checked; ValueError on anything malformed. run_dir is where it
+    was read, whatever the file says."""
+    if not isinstance(data, dict) or not isinstance(data.get("ranks"), dict):
+        raise ValueError("malformed snapshot: no object of ranks")
+    driver, unreadable = data.get("driver"), data.get("unreadable", {})
+    rest = {key: value for key, value in data.items()
+            if key not in ("ranks", "driver", "unreadable", "run_dir")}
+    try:
+        snapshot = checked(Snapshot, rest | {"run_dir": run_dir, "ranks": {}})
+        snapshot.driver = None if driver is None else checked(RankState, driver)
+        snapshot.unreadable = {int(rank): checked_str(why) for rank, why in unreadable.items()}
+    except (TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"malformed snapshot: {error}") from None
+    snapshot.ranks = ranks_from_dicts(data["ranks"])
+    return snapshot
+
+
+def checked_str(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{str(value)[:40]!r} is not a string")
+    return value

@@ -1,18 +1,22 @@
 """Opening what `diag analyze`, `diag dump` and `diag tui` are pointed at: a run
-dir (the probes' files, read live by the collector), a directory of PyTorch
-Flight Recorder dumps, or torch.distributed.debug's dump directory (each read
-once; a directory of both gets the debug dump's stacks on the dumps' ranks).
+dir (the probes' files, read live by the collector), diag attach's run dir (the
+snapshot it judged), a directory of PyTorch Flight Recorder dumps, or
+torch.distributed.debug's dump directory (each read once; a directory of both
+gets the debug dump's stacks on the dumps' ranks).
 The sources here are what the TUI shows: a snapshot, its verdicts, and the two
 actions it may take on the ranks (a stacks dump, py-spy)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import time
 
 from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
-from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.files import read_small
+from diagnose.core.schema import Document, read_version
+from diagnose.core.snapshot import Snapshot, Verdict, snapshot_from_dict
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
 from diagnose.offline.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
@@ -90,6 +94,22 @@ class DumpSource(Source):
         return ["Flight Recorder dumps hold no live ranks to dump"]
 
 
+class SnapshotSource(DumpSource):
+    """diag attach's run dir: the snapshot it took of a job it did not start,
+    judged as a live run is (its stacks say what each rank was doing)."""
+    post_mortem = False
+
+    def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
+        return analyze(snapshot, thresholds)
+
+    def request_dump(self) -> list[str]:
+        return ["this run dir holds the stacks diag attach sampled; run diag attach again "
+                "for new ones"]
+
+
+MAX_SNAPSHOT_BYTES = 256 << 20
+
+
 def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
     """The source for `path`, once it has shown something readable; prefix names
     the Flight Recorder dumps (PREFIX<rank>) as torchfrtrace's -p does."""
@@ -104,6 +124,8 @@ def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
         if prefix is not None:
             raise RunDirError(f"--prefix names Flight Recorder dump files; {path} is a run dir")
         return _probe_source(path)
+    if os.path.exists(os.path.join(path, Document.SNAPSHOT)):
+        return _snapshot_source(path)
     try:
         if prefix is not None or looks_like_fr_dir(path):
             return _dump_source(path, prefix)
@@ -127,6 +149,16 @@ def _dump_source(path: str, prefix: str | None) -> DumpSource:
                 state.stacks, state.frame = shown.stacks, state.frame or shown.frame
         notes.append(f"{debug.stacks_file}: each rank's stacks, from torch.distributed.debug")
     return DumpSource(path, run.snapshot, notes, run.group_names)
+
+
+def _snapshot_source(path: str) -> SnapshotSource:
+    try:
+        body = json.loads(read_small(os.path.join(path, Document.SNAPSHOT), MAX_SNAPSHOT_BYTES))
+        snapshot = snapshot_from_dict(read_version(Document.SNAPSHOT, body), path)
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"cannot read {os.path.join(path, Document.SNAPSHOT)}: "
+                          f"{getattr(error, 'strerror', None) or error}") from None
+    return SnapshotSource(path, snapshot, snapshot.notes)
 
 
 def _probe_source(path: str) -> RunDirSource:
