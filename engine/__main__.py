@@ -41,11 +41,17 @@ def _generate(args: argparse.Namespace) -> int:
 
     with LLM(**vars(config_from_args(args))) as llm:
         outputs = llm.generate(args.prompt, params)
+        random_weights = llm.engine.random_weights
+    if random_weights and not args.json:
+        print(f"{args.model}: random weights, so the tokens below are shown as ids (their text "
+              f"is noise); --model smollm2-135m has real ones", file=sys.stderr)
     for prompt, out in zip(args.prompt, outputs):
         if args.json:
             print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
                               "prompt_token_ids": out.prompt_token_ids,
                               "finish_reason": out.finish_reason}))
+        elif random_weights:
+            print(f"{prompt!r} -> token ids {out.token_ids}")
         else:
             print(f"{prompt!r} -> {out.text!r}")
     return 0

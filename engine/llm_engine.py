@@ -50,6 +50,7 @@ class LLMEngine:
                        config.pipeline_parallel_size)
         self.config = config
         self.model_config = source.model_config
+        self.random_weights = source.kind == "dummy"   # its text is noise
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN,
                                  source.model_config.max_position_embeddings)
         self.tokenizer = source.tokenizer()

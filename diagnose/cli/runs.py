@@ -52,11 +52,15 @@ def tui_command(args) -> int:
 def add_demo(commands) -> None:
     parser = add_command(commands, "demo", "watch a hang being found: tiny-llama at tp=2 "
                          "pp=4 on the CPU, rank 6 never reaches execute_model",
-                         "  0    the demo named rank 6\n  1    it did not (a bug: please "
-                         "report it)", ["diag demo", "diag demo --no-tui --run-dir /tmp/demo"])
+                         "  0    the demo named its culprit (rank 6; with --real, rank 3)\n"
+                         "  1    it did not (a bug: please report it)",
+                         ["diag demo", "diag demo --no-tui --run-dir /tmp/demo", "diag demo --real"])
     parser.add_argument("--run-dir", help="where the demo's run goes (default: "
                                           "runs/demo-<time>)")
     parser.add_argument("--no-tui", action="store_true", help="plain live view even on a terminal")
+    parser.add_argument("--real", action="store_true",
+                        help="the embedded SmolLM2-135M (real weights) at tp=3 pp=2, rank 3 hanging, "
+                             "instead of tiny-llama (random weights)")
     parser.set_defaults(run=demo_command)
 
 
@@ -67,6 +71,6 @@ def demo_command(args) -> int:
         raise UsageError("diag demo runs the engine, which needs torch: "
                          "pip install 'hangscope[engine]' (or ./setup.sh in a checkout)")
     try:
-        return run_demo(args.run_dir, use_tui=not args.no_tui)
+        return run_demo(args.run_dir, use_tui=not args.no_tui, real=args.real)
     except RunDirError as error:
         raise UsageError(str(error)) from None
