@@ -87,16 +87,21 @@ ROWS: tuple[Row, ...] = (
     Row("engine-ring-read", _I, "our engine's worker waits for the next message of its ring",
         file=r"engine/shm_ring\.py", function=r"dequeue|_read_chunk"),
     Row("vllm-mq-read", _I, "a vLLM worker waits on the engine core's broadcast queue",
-        file=r"device_communicators/shm_broadcast\.py", function=r"acquire_read|dequeue|recv"),
+        file=r"device_communicators/shm_broadcast\.py",
+        function=r"acquire_read|dequeue|recv|wait_until_ready"),
     Row("vllm-engine-input", _I, "vLLM's engine core waits for requests",
         file=r"engine/core\.py", function=r"_process_input_queue"),
     Row("zmq-poll", _I, "a zmq poll or receive: waits for a message",
         file=r"sugar/(poll|socket)\.py", function=r"poll|recv.*"),
     Row("zmq-native", _I, "libzmq waits for a message", native=r"\bzmq_(poll|recv|msg_recv)"),
     # compiling
+    # a compiled graph that runs passes through Dynamo's _tf_disabled_wrapper and
+    # AOTAutograd's forward: those frames are the graph running, not a compile
     Row("dynamo", _K, "Dynamo traces Python into a graph",
-        file=r"_dynamo/(convert_frame|symbolic_convert|output_graph)\.py"),
-    Row("aot-autograd", _K, "AOTAutograd traces the graph", file=r"_functorch/aot_autograd\.py"),
+        file=r"_dynamo/(convert_frame|symbolic_convert|output_graph)\.py",
+        function=r"(?!_tf_disabled_wrapper$).*"),
+    Row("aot-autograd", _K, "AOTAutograd traces the graph", file=r"_functorch/aot_autograd\.py",
+        function=r"(?!forward$).*"),
     Row("inductor", _K, "Inductor lowers, schedules or builds a graph's code",
         file=r"_inductor/(compile_fx|graph|lowering|scheduler|codecache|cpp_builder|"
              r"async_compile|select_algorithm|autotune_process)\.py"),
