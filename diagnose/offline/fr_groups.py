@@ -108,17 +108,27 @@ def _rank_list(ranks) -> list[int]:
 
 def place(records: list[CollectiveRecord], groups: dict[str, Group]) -> None:
     """Gives each record its group's label and its peer's global rank, and
-    numbers send/recv per (group, op, peer)."""
-    p2p_counts: dict[tuple, int] = defaultdict(int)
+    numbers send/recv per (group, op, peer).
+
+    A ring that wrapped holds a different stretch of each rank's sends and
+    recvs, so counting from the ring's start would pair the n-th send of one
+    dump with another recv in the other. NCCL completes a send and its recv
+    together, so the numbers count from the last completed call of each
+    (group, op, peer), which is 0 on both sides; calls after it are 1, 2, ...
+    Where no call completed (gloo records no completion), they count from 1."""
+    p2p: dict[tuple, list[CollectiveRecord]] = defaultdict(list)
     for record in records:
         group = groups.get(record.group) or Group(f"pg{record.group}", [])
         record.group = group.label
         if record.peer is not None:
             local, members = record.peer, group.members
             record.peer = members[local] if local < len(members) else local
-            key = (record.group, record.op, record.peer)
-            record.seq = p2p_counts[key]
-            p2p_counts[key] += 1
+            p2p[(record.group, record.op, record.peer)].append(record)
+    for calls in p2p.values():
+        done = [index for index, record in enumerate(calls) if record.state == "completed"]
+        first = -done[-1] if done else 1
+        for index, record in enumerate(calls):
+            record.seq = first + index
 
 
 def group_names(dumps: dict, groups: dict[int, dict[str, Group]]
