@@ -50,19 +50,6 @@ def test_bad_input_is_one_line(tmp_path, argv, says):
     assert "Traceback" not in done.stderr
 
 
-def test_launch_passes_the_command_exit_code_through(tmp_path):
-    done = diag("launch", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c",
-                "import sys; sys.exit(7)")
-    assert done.returncode == 7
-    assert (tmp_path / "run" / "report.json").exists()
-
-
-def test_launch_exits_as_a_shell_does_when_a_signal_ends_the_command(tmp_path):
-    done = diag("launch", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c",
-                "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    assert done.returncode == 128 + 9
-
-
 def _fails(args):
     raise KeyError("a bug")
 

@@ -79,7 +79,7 @@ def test_healthy_run_has_no_verdict_and_no_agent_file(tmp_path):
 
 def test_rank_that_skips_all_reduce_is_named(tmp_path):
     done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "skip_allreduce:1:5")
-    assert done.returncode == 86, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("collective_missing_peers", [1])
     assert (verdict["group"], verdict["seq"]) == ("world", 5)
@@ -92,7 +92,7 @@ def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_p
     its peers' next ones until its final barrier meets their last all_reduce,
     29 calls later. Counted per call site, it made one all_reduce fewer."""
     done, body, run_dir = launch(tmp_path, "dp_train.py", 4, "skip_once:2:10")
-    assert done.returncode == 86, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["seq"]) == (
         "collective_mismatch", [2], 39)
@@ -107,7 +107,7 @@ def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_p
 
 def test_pipeline_stage_that_never_sends_is_named(tmp_path):
     done, body, run_dir = launch(tmp_path, "pipeline.py", 4, "no_send:2:5")
-    assert done.returncode == 86, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert verdict["culprit_ranks"] == [2]
     assert 3 in verdict["victim_ranks"]
@@ -118,9 +118,11 @@ def test_pipeline_stage_that_never_sends_is_named(tmp_path):
 
 def test_rank_that_exits_is_dead(tmp_path):
     done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "exit:1:5")
-    assert done.returncode != 0
+    assert done.returncode == 4, done.stderr[-2000:]       # the job crashed
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1])
+    assert verdict["evidence"]["alive"] is False                 # docs/json.md: its row is dead
+    assert [row["state"] for row in body["ranks"] if row["rank"] == 1] == ["dead"]
     assert verdict["detected_after_s"] < DETECT_S
     assert analyze_again(run_dir)[0] == ("dead", [1])
 
@@ -128,7 +130,7 @@ def test_rank_that_exits_is_dead(tmp_path):
 def test_mark_is_a_phase_and_never_reached_works(tmp_path):
     done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "late_start:1:0",
                                  marks=["toy_steps:train_step", "toy_steps:no_such_step=x"])
-    assert done.returncode == 86, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["phase"]) == (
         "never_reached", [1], "train_step")

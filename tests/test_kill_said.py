@@ -34,7 +34,7 @@ def test_a_killed_torchrun_job_is_read_as_the_hang_diag_found(tmp_path):
                               env=dict(os.environ, TOY_FAULT="skip_allreduce:1:3"),
                               timeout=120).returncode
     assert not left_behind(run_dir)
-    assert code == 86, capture.read_text()[-3000:]
+    assert code == 1, capture.read_text()[-3000:]      # a verdict
     text = capture.read_text()
     assert text.count(ENDED) == 1
     assert "got signal: 15" in text.split(ENDED, 1)[1]     # torchrun's traceback came after

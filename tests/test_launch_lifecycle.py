@@ -74,14 +74,17 @@ def test_a_signal_stops_the_run_with_one_line_and_the_stop_recorded(tmp_path, la
     _, err = launcher.communicate(timeout=30)
     name = signal.Signals(sig).name
     assert launcher.returncode == 128 + sig
-    assert f"diag: stopped by {name}: the command's processes were ended" in err.splitlines()
+    assert f"diag: stopped by {name}: the command's processes were ended (the command then " \
+           f"was ended by signal {signal.SIGTERM.value})" in err.splitlines()
     assert "Traceback" not in err
     ending = json.loads((run_dir / "exit.json").read_text())
-    assert ending["stopped_by"] == name and ending["command_exit"] == -signal.SIGTERM
+    assert ending["stopped_by"] == name and ending["command_exit"] is None
+    assert ending["exit_after_stop"] == -signal.SIGTERM
     report = json.loads((run_dir / "report.json").read_text())
     assert report["stopped_by"] == name and report["verdicts"] == []
     launched = json.loads((run_dir / "launch.json").read_text())
-    assert ending["schema_version"] == report["schema_version"] == launched["schema_version"] == 1
+    assert (ending["schema_version"], report["schema_version"], launched["schema_version"]) == (
+        2, 2, 1)
     assert not left_behind(run_dir)
     again = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir)],
                            cwd=REPO, capture_output=True, text=True, timeout=60)

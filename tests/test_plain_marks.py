@@ -32,7 +32,7 @@ def launch(tmp_path, command, env=(), on_hang="kill"):
 def test_mark_alone_names_the_stuck_function(tmp_path):
     done, body, run_dir = launch(tmp_path, [sys.executable, os.path.join(PROGRAMS, "plain_server.py")],
                                  env={"PLAIN_STALL_AT": "3"})
-    assert done.returncode == 86, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["phase"], verdict["step"]) == (
         "stuck_in_phase", [0], "step", 3)

@@ -25,25 +25,26 @@ def test_a_version_is_read_up_to_the_current_one_and_refused_past_it():
     stamped = schema.stamped(schema.Document.EXIT, body)
     assert list(stamped) == ["schema_version", "command_exit"]
     assert schema.read_version(schema.Document.EXIT, stamped) == body
-    with pytest.raises(schema.NewerSchema, match="schema_version 2 is newer than this diag "
-                                                 r"reads \(1\): upgrade hangscope"):
-        schema.read_version(schema.Document.EXIT, body | {"schema_version": 2})
+    with pytest.raises(schema.NewerSchema, match="schema_version 3 is newer than this diag "
+                                                 r"reads \(2\): upgrade hangscope"):
+        schema.read_version(schema.Document.EXIT, body | {"schema_version": 3})
     for bad in ("2", True, 0, 1.5):
         with pytest.raises(ValueError, match="is no version"):
             schema.read_version(schema.Document.EXIT, body | {"schema_version": bad})
 
 
-@pytest.mark.parametrize("name, body", [
-    ("exit.json", {"command_exit": 0, "stopped_by": None, "stop": None}),
-    ("node-1.json", {"node_rank": 1, "ranks": {}}),
+@pytest.mark.parametrize("name, body, current", [
+    ("exit.json", {"command_exit": 0, "stopped_by": None, "stop": None}, 2),
+    ("node-1.json", {"node_rank": 1, "ranks": {}}, 1),
 ])
-def test_a_run_dir_file_from_a_newer_diag_is_refused_with_one_line(tmp_path, capsys, name, body):
+def test_a_run_dir_file_from_a_newer_diag_is_refused_with_one_line(tmp_path, capsys, name, body,
+                                                                    current):
     shutil.copytree(NO_FAULT, tmp_path / "run")
     (tmp_path / "run" / name).write_text(json.dumps(body | {"schema_version": 7}))
     code, out, err = run(capsys, "analyze", tmp_path / "run")
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("diag: error: ")
-    assert f"{name}: schema_version 7 is newer than this diag reads (1)" in err
+    assert f"{name}: schema_version 7 is newer than this diag reads ({current})" in err
 
 
 def test_what_analyze_and_logs_print_and_write_carry_their_version(tmp_path, capsys):

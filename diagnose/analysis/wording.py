@@ -97,8 +97,12 @@ def ranks_of(nodes) -> list[int]:
 
 
 def rank_evidence(view: View, state: RankState) -> dict:
+    """What the verdict saw of the process; one the analysis found dead is not
+    alive, whatever its file last said (a worker whose exit the driver saw)."""
+    node = DRIVER if state.identity.rank is None else state.identity.rank
     evidence = {
-        "pid": state.identity.pid, "host": state.identity.host, "alive": state.alive,
+        "pid": state.identity.pid, "host": state.identity.host,
+        "alive": state.alive and node not in view.deaths,
         "frame": state.frame,
         "open_phases": [f"{event.name}" + (f"[{event.step}]" if event.step is not None else "")
                         for event in state.open_phases],

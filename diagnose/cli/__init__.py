@@ -28,8 +28,8 @@ __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "E
 
 SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_tui, add_logs, add_synth, add_demo)
 EPILOG = """Each command's --help lists its options, exit codes and examples.
-exit codes: 0 healthy, 1 verdicts found, 2 bad input, 3 a bug in diag; diag launch
-exits with its command's own code (86 when it ended a hung run)."""
+exit codes: 0 healthy, 1 verdicts found, 2 bad input, 3 a bug in diag, 4 (diag launch)
+the job crashed, 128+N diag was ended by signal N; never the command's own code."""
 
 
 def build_parser() -> argparse.ArgumentParser:

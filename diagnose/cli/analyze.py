@@ -22,7 +22,8 @@ EXAMPLES = ["diag analyze runs/20250101-120000",
 def add_analyze(commands) -> None:
     parser = add_command(commands, "analyze", "name the culprit of a hang from a run dir, "
                          "Flight Recorder dumps or torch.distributed.debug dumps",
-                         JUDGED_CODES, EXAMPLES, description=__doc__.split("\n\n")[0])
+                         JUDGED_CODES, EXAMPLES, description=__doc__.split("\n\n")[0],
+                         also_2="a probe file that could not be read, when there is no verdict")
     a = parser.add_argument
     a("path", help="a run dir, a directory of Flight Recorder dumps, or torch.distributed"
                    ".debug's dump_dir")
@@ -65,7 +66,13 @@ def analyze_command(args) -> int:
     if not args.json:
         render(snapshot, verdicts, notes=notes, rows=rows,
                caption=selection.caption(rows, snapshot))
-    return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
+    if verdicts:
+        return EXIT_VERDICTS
+    if source.unreadable:
+        raise UsageError(f"no verdict, but the run cannot be called healthy: "
+                         f"{len(source.unreadable)} probe file(s) could not be read "
+                         f"({source.unreadable[0]})")
+    return EXIT_HEALTHY
 
 
 def _write_perfetto(snapshot, path: str) -> None:

@@ -16,9 +16,9 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 DEBUG_VAR = "DIAG_DEBUG"
 JUDGED_CODES = """  0    healthy: no verdict
   1    at least one verdict (hang, death, mismatch or straggler)"""
-COMMON_CODES = """  2    bad input: one line on stderr says why
+COMMON_CODES = """  2    bad input: one line on stderr says why{also_2}
   3    diag itself failed (a bug): one line; DIAG_DEBUG=1 shows the traceback
-  130  interrupted (Ctrl-C)"""
+  128+N  diag was ended by signal N: 130 for Ctrl-C{also}, 143 for SIGTERM"""
 
 
 class UsageError(Exception):
@@ -31,9 +31,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_command(commands, name: str, summary: str, codes: str, examples: list[str],
-                description: str | None = None) -> argparse.ArgumentParser:
-    """A subcommand whose --help ends with its exit codes and examples."""
-    epilog = (f"exit codes:\n{codes}\n{COMMON_CODES}\n\nexamples:\n"
+                description: str | None = None, also_2: str = "",
+                also_130: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with its exit codes and examples; also_2
+    and also_130: what else exits 2 (as bad input) and 130 (as Ctrl-C)."""
+    common = COMMON_CODES.format(also_2=f"; also {also_2}" if also_2 else "",
+                                 also=f" and {also_130}" if also_130 else "")
+    epilog = (f"exit codes:\n{codes}\n{common}\n\nexamples:\n"
               + "\n".join(f"  {example}" for example in examples))
     return commands.add_parser(name, help=summary, description=description or summary,
                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)

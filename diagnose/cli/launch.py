@@ -11,9 +11,10 @@ from diagnose.probe.faults import parse_faults
 from diagnose.probe.marks import parse_mark
 
 MIN_LAUNCH_STALL_S = 0.5   # below it, diag launch would call a healthy run hung
-CODES = """  N    the command's own exit code (128+N when signal N ended it)
-  86   diag ended a hung run (--on-hang kill)
-  128+N  signal N stopped diag: 130 for Ctrl-C or the TUI's stop, 143 for SIGTERM"""
+CODES = """  0    healthy: no verdict, and the command exited 0
+  1    at least one verdict: a hang (ended by --on-hang kill or not), a mismatch, a straggler
+  4    the job crashed with no hang: a rank died, or the command exited non-zero or was
+       killed (never the command's own code: that is in the report, and in one line)"""
 EXAMPLES = ["diag launch -- python -m engine serve --model smollm2-135m",
             "diag launch --tui -- torchrun --nproc-per-node 4 train.py",
             "diag launch --on-hang kill -o report.json -- vllm serve MODEL -tp 2 -pp 2",
@@ -23,7 +24,8 @@ EXAMPLES = ["diag launch -- python -m engine serve --model smollm2-135m",
 
 def add_launch(commands) -> None:
     parser = add_command(commands, "launch", "run a command with probes on in every rank; "
-                         "name the culprit when it hangs", CODES, EXAMPLES)
+                         "name the culprit when it hangs", CODES, EXAMPLES,
+                         also_130="the TUI's stop")
     _launch_options(parser)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the command to run, after --")

@@ -13,10 +13,10 @@ def add_logs(commands) -> None:
     parser = add_command(
         commands, "logs", "read vLLM, torchrun and NCCL logs: the first failure, its rank, "
         "and the chain after it",
-        "  0    nothing beyond notes\n  1    findings (a failure, a hang, a warning)\n"
-        "  2    also when a file could not be read: the others are still reported",
+        "  0    nothing beyond notes\n  1    findings (a failure, a hang, a warning)",
         ["diag logs serve.log", "diag logs rank*.log     # one log per rank, read as one job",
-         "diag logs vllm.log --json | jq '.findings[0]'"])
+         "diag logs vllm.log --json | jq '.findings[0]'"],
+        also_2="a file that could not be read (the others are still reported)")
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="log files, read together as one job (e.g. one log per rank)")
     add_output(parser, "the findings")

@@ -29,7 +29,9 @@ class Document(Name):
     TRACE = "trace"                     # diag analyze --perfetto
 
 
-CURRENT = {document: 1 for document in Document}
+# 2 for exit and report: command_exit is null when diag stopped the command
+# (exit_after_stop holds what it returned then)
+CURRENT = {document: 1 for document in Document} | {Document.EXIT: 2, Document.REPORT: 2}
 
 
 class NewerSchema(ValueError):

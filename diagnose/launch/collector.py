@@ -44,6 +44,7 @@ class Collector:
         self.history = history
         self.notes: list[str] = []       # files skipped by the last snapshot, and why
         self.refused: list[str] = []     # those of them the run cannot be judged without
+        self.unreadable: list[str] = []  # the probe files among them
         self._identities: dict[tuple, Identity] = {}
         self._stacks: dict[str, tuple[int, dict | None]] = {}
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
@@ -52,7 +53,7 @@ class Collector:
         self._host = socket.gethostname()
 
     def snapshot(self) -> Snapshot:
-        self.notes, self.refused = [], []
+        self.notes, self.refused, self.unreadable = [], [], []
         ranks: dict[int, RankState] = {}
         unreadable: dict[int, str] = {}
         driver = None
@@ -62,6 +63,7 @@ class Collector:
             except runfile.ProbeFileError as error:
                 note = f"{os.path.basename(path)}: {error}"
                 self.notes.append(note)
+                self.unreadable.append(note)
                 named = RANK_FILE.fullmatch(os.path.basename(path))
                 if named is not None:
                     unreadable[int(named.group(1))] = note
@@ -91,6 +93,8 @@ class Collector:
         try:
             ending = read_version(Document.EXIT, json.loads(read_small(path, EXIT_FILE_BYTES)))
             code, stop = ending["command_exit"], ending.get("stop")
+            if code is None and stop is not None:  # diag stopped it: the job is over all the same
+                code = ending.get("exit_after_stop")
             if isinstance(code, int) and not isinstance(code, bool):
                 return code, None if stop is None else checked(Stop, stop)
             problem = f"command_exit {str(code)[:40]} is no exit code"

@@ -10,8 +10,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from diagnose.cli.common import EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core.vocab import Phase, VerdictKind
-from diagnose.launch.launcher import EXIT_HUNG, Launcher, LaunchOptions
+from diagnose.launch.launcher import Launcher, LaunchOptions
 from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
 from diagnose.probe.faults import FaultSpec
 
@@ -58,4 +59,4 @@ def run_demo(run_dir: str | None, use_tui: bool, real: bool = False) -> int:
     print_outcome(launcher, outcome)
     found = any(v.kind == VerdictKind.NEVER_REACHED and v.culprit_ranks == [job.culprit]
                 for v in outcome.verdicts)
-    return 0 if found and outcome.exit_code in (EXIT_HUNG, 130) else 1
+    return 0 if found and outcome.exit_code in (EXIT_VERDICTS, EXIT_INTERRUPTED) else 1

@@ -3,9 +3,10 @@
 The command runs in a session of its own, with DIAG_RUN_DIR (and the per-rank
 toggles) in its environment, so every process it spawns publishes its state.
 The launcher polls the run dir, runs the analysis, and on a hang dumps every
-rank's stacks and writes the report. It exits with the command's own code
-when the command ends by itself (128 + N if signal N ended it), with EXIT_HUNG
-when it ended a hung run, and with 128 + N when signal N stopped the launcher.
+rank's stacks and writes the report. Its exit code is diag's own, never the
+command's (that goes in the report): 0 healthy, 1 a verdict (a hang too, ended
+or not), 4 a job that crashed with no hang (a rank died, or the command failed),
+and 128 + N when signal N stopped the launcher (130 for the TUI's stop too).
 
 The run dir is locked for the launcher's life (claim.py), and a guardian
 process ends the job if the launcher dies without doing so (guardian.py).
@@ -26,10 +27,11 @@ import psutil
 
 from diagnose import probe
 from diagnose.analysis.thresholds import Thresholds
+from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
-from diagnose.core.vocab import HANG_KINDS
+from diagnose.core.vocab import HANG_KINDS, VerdictKind
 from diagnose.launch import claim
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.dump import py_spy_all
@@ -43,8 +45,6 @@ from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
 
 ENDED_MARK = "--- diag ended the job here"   # how diag's line in the output starts
-EXIT_HUNG = 86          # the launcher ended the run because it hung
-EXIT_STOPPED = 130      # the user stopped the run ("stop" in the TUI; Ctrl-C is 128 + SIGINT)
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -124,7 +124,7 @@ class Launcher:
         chosen = rank_env.parse_ranks(opts.launch_blocking) if opts.launch_blocking else None
         self.blocking: set[int] = set(chosen or ())
         self._stop, self._restart = threading.Event(), threading.Event()
-        self.stop_code = EXIT_STOPPED
+        self.stop_code = EXIT_INTERRUPTED
         self.stopped_by: str | None = None   # why the launcher stopped the command, if it did
 
     # -- the command ------------------------------------------------------
@@ -227,10 +227,10 @@ class Launcher:
             self.poll()
             on_update(self)
             self.write_report(dump=False)
-            return self._end(shell_code(self.proc.returncode))
+            return self._end(judged_exit(self.verdicts, shell_code(self.proc.returncode)))
         finally:
             self.stop()
-            self.role.leave(self, STOP_GRACE_S, EXIT_STOPPED)
+            self.role.leave(self, STOP_GRACE_S, EXIT_INTERRUPTED)
             self.guardian.release()
 
     def _on_hangs(self) -> Outcome | None:
@@ -243,7 +243,9 @@ class Launcher:
         if self.opts.on_hang == "wait" or not self.role.judges:
             return None
         self.write_report(dump=True)
-        return self._end(EXIT_HUNG, stopped_by="hang") if self.opts.on_hang == "kill" else None
+        if self.opts.on_hang != "kill":
+            return None
+        return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
 
     def _stopped(self) -> Outcome:
         """Stopped by a signal, the TUI or the head: the report is written (a hang's
@@ -261,13 +263,14 @@ class Launcher:
         if stopped_by:
             self.output.say(ending_line(stopped_by, self.verdicts), echo=stopped_by == "hang")
         stop = self._stop_record() if stopped_by else None
+        self.stopped_by = stopped_by
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
-        self._write_json(Document.EXIT, {"command_exit": self.proc.returncode,
-                                         "stopped_by": stopped_by,
-                                         "stop": None if stop is None else asdict(stop)})
+        ending = command_ending(self.proc.returncode, stopped_by)
+        self._write_json(Document.EXIT, ending | {
+            "stop": None if stop is None else asdict(stop)})
         if stopped_by:
-            self.add_to_report(command_exit=self.proc.returncode, stopped_by=stopped_by)
+            self.add_to_report(**ending)
         return Outcome(exit_code, self.verdicts, self.report_path)
 
     def _stop_record(self) -> Stop:
@@ -280,7 +283,7 @@ class Launcher:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def request_stop(self, exit_code: int = EXIT_STOPPED, by: str = "tui") -> None:
+    def request_stop(self, exit_code: int = EXIT_INTERRUPTED, by: str = "tui") -> None:
         if not self._stop.is_set():
             self.stop_code, self.stopped_by = exit_code, by
         self._stop.set()
@@ -357,6 +360,26 @@ def ending_line(stopped_by: str, verdicts: list[Verdict]) -> str:
     else:
         why = f"stopped by {stopped_by}"
     return f"{ENDED_MARK} ({why}) ---"
+
+
+def judged_exit(verdicts: list[Verdict], command_code: int | None) -> int:
+    """diag launch's own code for a job judged at its end (command_code: the
+    command's, as a shell gives it; None when diag ended a hung job). A hang is
+    a verdict; with none, a rank's death or the command's failure is a crash."""
+    if any(v.kind in HANG_KINDS and v.kind != VerdictKind.DEAD for v in verdicts):
+        return EXIT_VERDICTS
+    if command_code not in (0, None) or any(v.kind == VerdictKind.DEAD for v in verdicts):
+        return EXIT_CRASHED
+    return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
+
+
+def command_ending(returncode: int, stopped_by: str | None) -> dict:
+    """How the command ended, for exit.json and the report: its exit code when
+    it ended by itself; when diag stopped it, no exit code of its own, and the
+    code it returned once stopped beside why."""
+    if stopped_by is None:
+        return {"command_exit": returncode, "stopped_by": None}
+    return {"command_exit": None, "exit_after_stop": returncode, "stopped_by": stopped_by}
 
 
 def verdict_key(verdict: Verdict) -> tuple:

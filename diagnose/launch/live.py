@@ -75,10 +75,21 @@ def print_outcome(launcher: Launcher, outcome: Outcome) -> None:
         _print_unprobed_end(launcher)
     else:
         report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes)
+        print(f"diag: {command_ended(launcher)}", file=sys.stderr)
     print(f"report: {outcome.report_path}", file=sys.stderr)
-    if launcher.stopped_by not in (None, "hang"):
-        print(f"diag: stopped by {launcher.stopped_by}: the command's processes were ended",
-              file=sys.stderr)
+
+
+def command_ended(launcher: Launcher) -> str:
+    """The command's own exit code, which is never diag's, in one line."""
+    ended = _ended(launcher.proc.returncode)
+    if launcher.stopped_by is None:
+        return f"the command {ended}"
+    return (f"stopped by {launcher.stopped_by}: the command's processes were ended "
+            f"(the command then {ended})")
+
+
+def _ended(code: int) -> str:
+    return f"was ended by signal {-code}" if code < 0 else f"exited {code}"
 
 
 def nothing_probed(snapshot: Snapshot) -> bool:
@@ -90,7 +101,7 @@ def _print_unprobed_end(launcher: Launcher) -> None:
     """A command that ends before any rank or driver started has nothing for the
     analysis to judge; a failure then is the command's own, at start-up."""
     code = launcher.proc.returncode
-    ended = f"was ended by signal {-code}" if code < 0 else f"exited {code}"
+    ended = _ended(code)
     where = f"no probe file in {launcher.opts.run_dir}"
     if launcher.stopped_by is not None:
         print(f"diag: the command was stopped before any rank or driver started ({where})",

@@ -39,6 +39,11 @@ class Source:
         """Other names of a group (torch's pg name and desc) -> the labels diag shows."""
         return {}
 
+    @property
+    def unreadable(self) -> list[str]:
+        """The probe files the last snapshot could not read, each with why."""
+        return []
+
     def request_dump(self) -> list[str]:
         """Every live rank writes its stacks; one note per rank that did not."""
         return request_dump(self.run_dir)
@@ -58,6 +63,10 @@ class RunDirSource(Source):
     @property
     def notes(self) -> list[str]:
         return self.collector.notes
+
+    @property
+    def unreadable(self) -> list[str]:
+        return self.collector.unreadable
 
     def snapshot(self) -> Snapshot:
         return self.collector.snapshot()

@@ -59,10 +59,13 @@ def _statuses(verdicts: list[Verdict]):
     otherwise with no death to blame (ended)."""
     culprits = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
     victims = {rank for verdict in verdicts for rank in verdict.victim_ranks}
-    died = {rank for verdict in verdicts if verdict.kind == VerdictKind.DEAD
-            for rank in verdict.culprit_ranks + verdict.victim_ranks}
+    deaths = [verdict for verdict in verdicts if verdict.kind == VerdictKind.DEAD]
+    first_dead = {rank for verdict in deaths for rank in verdict.culprit_ranks}
+    died = {rank for verdict in deaths for rank in verdict.victim_ranks}
 
     def status(rank: int, state: RankState) -> RankStatus:
+        if rank in first_dead:      # dead, even while its file still says alive
+            return RankStatus.DEAD
         if rank in culprits:
             return RankStatus.CULPRIT
         if not state.alive and rank in died:
