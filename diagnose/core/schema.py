@@ -23,6 +23,7 @@ class Document(Name):
     MARK = "marks.jsonl"                # one line per armed --mark
     SNAPSHOT = "snapshot.json"          # diag attach: the snapshot it judged
     ATTACH = "attach.json"              # diag attach: the job it found and its samples
+    NOTE = "notes.jsonl"                # one line per note a process of the job made
     DUMP = "dump"                       # diag dump --json, and dump-<time>.json
     ANALYZE = "analyze"                 # diag analyze --json
     LOGS = "logs"                       # diag logs --json

@@ -24,6 +24,7 @@ from diagnose.core.output import OUTPUT_LOG
 from diagnose.core.schema import Document
 from diagnose.launch.collector import EXIT_FILE
 from diagnose.probe.marks import ALONE_CLAIM, ARMED_FILE
+from diagnose.probe.notes import NOTES_FILE
 
 LOCK_FILE = "launch.lock"
 MARKER_FILE = ".diag-run"
@@ -131,4 +132,4 @@ def clear_run_files(run_dir: str) -> None:
 def _is_run_file(name: str) -> bool:
     return (name.endswith(".probe") or name.startswith(("stacks-", "node-", "error-", "fatal-"))
             or name in (EXIT_FILE, Document.REPORT, Document.LAUNCH, OUTPUT_LOG, ARMED_FILE,
-                         ALONE_CLAIM))
+                         ALONE_CLAIM, NOTES_FILE))

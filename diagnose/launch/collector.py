@@ -1,7 +1,7 @@
 """Reads every probe file in a run dir into a Snapshot, many times a second.
 
 A file that cannot be read is skipped with a note (Collector.notes), never an
-exception; a rank whose file it is (rank-R.probe) is listed as unreadable, so
+exception; the notes the job's processes made (probe/notes.py) are there too; a rank whose file it is (rank-R.probe) is listed as unreadable, so
 that the analysis knows whom its peers wait on. A file without which the run
 cannot be judged rightly (driver.probe, exit.json, a node-N.json) that is
 there but cannot be read is also listed in Collector.refused: `diag analyze`
@@ -28,6 +28,7 @@ from diagnose.core.schema import Document, NewerSchema, read_version
 from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot, Stop
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
+from diagnose.probe import notes as probe_notes
 
 EXIT_FILE = str(Document.EXIT)  # written by diag launch when the command ends
 EXIT_FILE_BYTES = 4096
@@ -42,7 +43,7 @@ class Collector:
     def __init__(self, run_dir: str, history: int = HISTORY):
         self.run_dir = run_dir
         self.history = history
-        self.notes: list[str] = []       # files skipped by the last snapshot, and why
+        self.notes: list[str] = []       # the job's notes, and files the last snapshot skipped
         self.refused: list[str] = []     # those of them the run cannot be judged without
         self.unreadable: list[str] = []  # the probe files among them
         self._identities: dict[tuple, Identity] = {}
@@ -51,9 +52,10 @@ class Collector:
         self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
         self._frames: dict[str, tuple] = {}    # path -> (pid, frame, when it was first seen)
         self._host = socket.gethostname()
+        self._job_notes: tuple[tuple, list[str]] = ((), [])   # notes.jsonl's (size, mtime), notes
 
     def snapshot(self) -> Snapshot:
-        self.notes, self.refused, self.unreadable = [], [], []
+        self.notes, self.refused, self.unreadable = self._read_job_notes(), [], []
         ranks: dict[int, RankState] = {}
         unreadable: dict[int, str] = {}
         driver = None
@@ -85,6 +87,17 @@ class Collector:
         self.notes += notes
         self.refused += notes
         return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
+
+    def _read_job_notes(self) -> list[str]:
+        """The job's notes; read again only when the file changed."""
+        try:
+            info = os.stat(os.path.join(self.run_dir, probe_notes.NOTES_FILE))
+            key = (info.st_size, info.st_mtime_ns)
+        except OSError:
+            return []
+        if key != self._job_notes[0]:
+            self._job_notes = key, probe_notes.read(self.run_dir)
+        return list(self._job_notes[1])
 
     def _command_exit(self) -> tuple[int | None, Stop | None]:
         """The wrapped command's exit code, once `diag launch` has seen it end, and

@@ -22,6 +22,7 @@ import zlib
 
 from diagnose import probe
 from diagnose.core.vocab import Role
+from diagnose.probe import notes
 
 GROUP_NAME_BYTES = 16   # the probe file's group field
 
@@ -75,7 +76,7 @@ class _CallbackLoader(importlib.abc.Loader):
     def exec_module(self, module):
         self.loader.exec_module(module)
         for callback in self.callbacks:
-            callback(module)
+            _call(callback, module)
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
@@ -85,13 +86,22 @@ _hook = _AfterImport()
 
 
 def on_import(module_name: str, callback) -> None:
-    """callback(module) once `module_name` is imported (now, if it already is)."""
+    """callback(module) once `module_name` is imported (now, if it already is).
+    An error of the callback is a note in the run's report: the import goes on."""
     if module_name in sys.modules:
-        callback(sys.modules[module_name])
+        _call(callback, sys.modules[module_name])
         return
     if _hook not in sys.meta_path:
         sys.meta_path.insert(0, _hook)
     _hook.callbacks.setdefault(module_name, []).append(callback)
+
+
+def _call(callback, module) -> None:
+    try:
+        callback(module)
+    except Exception as error:
+        notes.note(f"hangscope: its hook on {module.__name__} failed and was left out "
+                   f"({type(error).__name__}: {error}); the program went on without it")
 
 
 def install() -> None:
