@@ -15,12 +15,17 @@ dequeue phase, and each message it takes is counted (`probe.ring_read`); the
 group coordinator's collectives are records (vllm_collectives.py). Faults
 (`--fault`) fire at these phases as in the engine.
 
+Every hook is a row of HOOKS (the end of this file), applied by name with a
+check (vllm_hooks.py): a name the running release lacks is a note in the
+run's report, and the rest still work.
+
 Nothing here changes what torch.compile traces: every wrapper that a compiled
 region may reach returns the original call at once while Dynamo traces.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -32,20 +37,12 @@ from dataclasses import dataclass
 from diagnose import probe
 from diagnose.core.layout import Layout
 from diagnose.core.vocab import Phase, Role
-from diagnose.probe import torch_dist, vllm_collectives
+from diagnose.probe import notes, torch_dist, vllm_collectives, vllm_hooks
+from diagnose.probe.vllm_hooks import WORKER_CLASS, Hook, apply
 
-WORKER_PHASES = {                       # vLLM worker method -> the phase it is
-    "load_model": Phase.LOAD_WEIGHTS,
-    "determine_available_memory": Phase.INIT_KV_CACHE,
-    "initialize_from_config": Phase.INIT_KV_CACHE,
-    "compile_or_warm_up_model": Phase.WARMUP,
-    "execute_model": Phase.EXECUTE_MODEL,
-    "sample_tokens": Phase.SAMPLE,
-}
 DRIVER_PHASES = {"execute_model": Phase.EXECUTE_MODEL, "sample_tokens": Phase.SAMPLE}
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
-PARALLEL_STATE = "vllm.distributed.parallel_state"
 
 EXIT_CODE_WAIT_S = 1.0   # a dying process's sentinel fires a moment before its exit code is readable
 
@@ -60,12 +57,10 @@ def register() -> None:
     _registered = True
     name = multiprocessing.current_process().name
     if name.startswith("VllmWorker"):
-        torch_dist.on_import(GPU_WORKER, _patch_distributed_setup)
-        torch_dist.on_import(EXECUTOR, _patch_worker_loop)
-        torch_dist.on_import(PARALLEL_STATE, vllm_collectives.patch)
+        vllm_hooks.install(HOOKS, Role.WORKER)
     elif name.startswith("EngineCore"):
         probe.init(Role.DRIVER)
-        torch_dist.on_import(EXECUTOR, _patch_executor)
+        vllm_hooks.install(HOOKS, Role.DRIVER)
 
 
 def install() -> None:
@@ -84,18 +79,19 @@ class _Counts:
 _counts = _Counts()
 
 
-def _patch_distributed_setup(gpu_worker) -> None:
+def _starting_probe(original, owner):
     """Start the probe as vLLM sets up the worker's process groups (the CPU and
     XPU workers import this function from the GPU worker's module)."""
-    original = gpu_worker.init_worker_distributed_environment
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def init_worker_distributed_environment(vllm_config, rank, *args, **kwargs):
-        _start_probe(vllm_config, rank, args[1] if len(args) > 1 else kwargs.get("local_rank"))
+    def init_worker_distributed_environment(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        _start_probe(given["vllm_config"], given["rank"], given.get("local_rank"))
         with probe.phase(Phase.INIT_DISTRIBUTED):
-            return original(vllm_config, rank, *args, **kwargs)
+            return original(*args, **kwargs)
 
-    gpu_worker.init_worker_distributed_environment = init_worker_distributed_environment
+    return init_worker_distributed_environment
 
 
 def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
@@ -103,12 +99,13 @@ def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
     layout = Layout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     pp_rank, tp_rank = layout.place(rank)
     device = str(vllm_config.device_config.device)
-    if device.startswith("cuda") and local_rank is not None:
+    if device.startswith("cuda") and local_rank is not None and local_rank >= 0:
         device = f"cuda:{local_rank}"
     probe.init(Role.WORKER, rank=rank, world_size=layout.world_size, tp_rank=tp_rank,
                tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
                device=device, groups=layout.groups())
-    _wrap_worker_methods(_worker_class(parallel.worker_cls))
+    apply(_worker_class(parallel.worker_cls),
+          [hook for hook in HOOKS if hook.module == WORKER_CLASS])
 
 
 def _worker_class(qualified_name: str):
@@ -117,11 +114,8 @@ def _worker_class(qualified_name: str):
     return getattr(sys.modules[module_name], class_name)
 
 
-def _wrap_worker_methods(worker_cls) -> None:
-    for method, phase in WORKER_PHASES.items():
-        original = getattr(worker_cls, method, None)
-        if original is not None:
-            setattr(worker_cls, method, _as_worker_phase(original, phase))
+def _worker_phase(phase: Phase):
+    return lambda original, owner: _as_worker_phase(original, phase)
 
 
 def _as_worker_phase(original, phase: Phase):
@@ -136,18 +130,15 @@ def _as_worker_phase(original, phase: Phase):
     return method
 
 
-def _patch_worker_loop(executor) -> None:
+def _with_dequeue_phase(original, owner):
     """The busy loop waits on the broadcast queue: that wait is the dequeue phase."""
-    original = executor.WorkerProc.worker_busy_loop
-
     @functools.wraps(original)
     def worker_busy_loop(self, *args, **kwargs):
         queue = self.rpc_broadcast_mq
         if queue is not None:
             queue.dequeue = _dequeue_phase(queue.dequeue)
         return original(self, *args, **kwargs)
-
-    executor.WorkerProc.worker_busy_loop = worker_busy_loop
+    return worker_busy_loop
 
 
 def _dequeue_phase(dequeue):
@@ -166,13 +157,9 @@ def _dequeue_phase(dequeue):
 _pending = threading.local()   # .phase: (phase, step) of the call being made, for its future
 
 
-def _patch_executor(executor) -> None:
-    """Each collective_rpc broadcasts one message; a reply to wait for comes back
-    through a FutureWrapper, whose wait is the driver's phase of that call."""
-    executor_cls, future_cls = executor.MultiprocExecutor, executor.FutureWrapper
-    collective_rpc = executor_cls.collective_rpc
-    init, wait = future_cls.__init__, future_cls._wait_for_response
-
+def _counted_rpc(collective_rpc, owner):
+    """Each collective_rpc broadcasts one message; the phase of a call whose reply
+    the driver waits for is pending while it runs, for the wait's hook."""
     @functools.wraps(collective_rpc)
     def counted_rpc(self, method, *args, **kwargs):
         _counts.messages += 1
@@ -182,6 +169,13 @@ def _patch_executor(executor) -> None:
             return collective_rpc(self, method, *args, **kwargs)
         finally:
             _pending.phase = None
+    return counted_rpc
+
+
+def _future_wait(wait, future_cls):
+    """A reply comes back through a FutureWrapper made by the call; its wait is
+    the driver's phase of that call, whenever it is waited."""
+    init = future_cls.__init__
 
     @functools.wraps(init)
     def tagged_init(self, *args, **kwargs):
@@ -189,28 +183,42 @@ def _patch_executor(executor) -> None:
         self.diag_phase = getattr(_pending, "phase", None)
 
     @functools.wraps(wait)
-    def phased_wait(self):
+    def phased_wait(self, *args, **kwargs):
         phase = getattr(self, "diag_phase", None)
         if phase is None:
-            return wait(self)
+            return wait(self, *args, **kwargs)
         with probe.phase(*phase):
-            return wait(self)
+            return wait(self, *args, **kwargs)
 
-    executor_cls.collective_rpc = counted_rpc
     future_cls.__init__ = tagged_init
-    future_cls._wait_for_response = phased_wait
-    executor_cls.shutdown = _as_shutdown(executor_cls.shutdown)
-    _note_worker_exits(executor_cls)
+    return phased_wait
 
 
-def _as_shutdown(shutdown):
+def _blocking_wait(collective_rpc, owner):
+    """Where no FutureWrapper carries the reply, a blocking call waits for it
+    inside collective_rpc: the call is the driver's phase."""
+    @functools.wraps(collective_rpc)
+    def phased_rpc(self, *args, **kwargs):
+        phase = getattr(_pending, "phase", None)
+        if phase is None or kwargs.get("non_block"):
+            return collective_rpc(self, *args, **kwargs)
+        with probe.phase(*phase):
+            return collective_rpc(self, *args, **kwargs)
+    return phased_rpc
+
+
+def _as_shutdown(shutdown, owner):
     """vLLM's own shutdown is the driver's shutdown phase: the workers (and the
     engine core itself, killed by the API server) that end after it began
     ended on purpose. A worker already gone when it begins is why it began."""
     @functools.wraps(shutdown)
     def phased(executor, *args, **kwargs):
         if not getattr(executor, "shutting_down", False):
-            note_gone_workers(getattr(executor, "workers", None) or [])
+            try:
+                note_gone_workers(getattr(executor, "workers", None) or [])
+            except Exception as error:   # vLLM's handles are not what this release's were
+                notes.note(f"vLLM {vllm_hooks.release()}: the workers gone at shutdown "
+                           f"could not be read ({type(error).__name__}: {error})")
         with probe.phase(Phase.SHUTDOWN):
             return shutdown(executor, *args, **kwargs)
     return phased
@@ -227,19 +235,16 @@ def note_gone_workers(handles: list) -> None:
             _note_exit(handle)
 
 
-def _note_worker_exits(executor_cls) -> None:
+def _watching_workers(start_worker_monitor, owner):
     """The exit code of a worker that ends while the executor is not shutting
     down, as the engine's driver records it: the analysis can then say how the
     worker died."""
-    original = executor_cls.start_worker_monitor
-
-    @functools.wraps(original)
-    def start_worker_monitor(self, *args, **kwargs):
+    @functools.wraps(start_worker_monitor)
+    def watching(self, *args, **kwargs):
         threading.Thread(target=_watch_workers, args=(weakref.ref(self), list(self.workers)),
                          daemon=True, name="diag-vllm-workers").start()
-        return original(self, *args, **kwargs)
-
-    executor_cls.start_worker_monitor = start_worker_monitor
+        return start_worker_monitor(self, *args, **kwargs)
+    return watching
 
 
 def _watch_workers(executor, handles: list) -> None:
@@ -271,3 +276,42 @@ def _driver_phase(method) -> tuple[Phase, int] | None:
     if phase == Phase.EXECUTE_MODEL:
         _counts.executed += 1
     return None if phase is None else (phase, _counts.executed - 1)
+
+
+# -- the table -------------------------------------------------------------------
+# Rows of one module are applied in this order: a later wrapper of the same
+# function is the outer one (counting a collective_rpc comes before its wait).
+WAIT = "the engine core's wait for replies"
+HOOKS: list[Hook] = [
+    Hook(GPU_WORKER, "init_worker_distributed_environment",
+         "any worker (the probe starts here, with its rank and layout)", "0.10-0.32",
+         Role.WORKER, _starting_probe),
+    Hook(WORKER_CLASS, "load_model", "the load_weights phase", "0.10-0.32",
+         Role.WORKER, _worker_phase(Phase.LOAD_WEIGHTS)),
+    Hook(WORKER_CLASS, "determine_available_memory", "the memory profile (init_kv_cache phase)",
+         "0.10-0.32", Role.WORKER, _worker_phase(Phase.INIT_KV_CACHE)),
+    Hook(WORKER_CLASS, "initialize_from_config", "the KV cache set-up (init_kv_cache phase)",
+         "0.10-0.32", Role.WORKER, _worker_phase(Phase.INIT_KV_CACHE)),
+    Hook(WORKER_CLASS, "compile_or_warm_up_model", "the warmup phase", "0.10-0.32",
+         Role.WORKER, _worker_phase(Phase.WARMUP)),
+    Hook(WORKER_CLASS, "execute_model", "a worker's step (execute_model phase)", "0.10-0.32",
+         Role.WORKER, _worker_phase(Phase.EXECUTE_MODEL)),
+    Hook(WORKER_CLASS, "sample_tokens", "the sample phase", "0.14-0.32",
+         Role.WORKER, _worker_phase(Phase.SAMPLE),
+         optional="before 0.14 execute_model samples: its phase holds it"),
+    Hook(EXECUTOR, "WorkerProc.worker_busy_loop",
+         "a worker's wait on the broadcast queue (dequeue phase)", "0.10-0.32",
+         Role.WORKER, _with_dequeue_phase),
+    *vllm_collectives.HOOKS,
+    Hook(EXECUTOR, "FutureWrapper._wait_for_response", WAIT, "0.20-0.32",
+         Role.DRIVER, _future_wait, group="reply"),
+    Hook(EXECUTOR, "MultiprocExecutor.collective_rpc", WAIT + " (blocking calls)", "0.10-0.32",
+         Role.DRIVER, _blocking_wait, group="reply"),
+    Hook(EXECUTOR, "MultiprocExecutor.collective_rpc",
+         "the broadcast messages the engine core writes", "0.10-0.32",
+         Role.DRIVER, _counted_rpc),
+    Hook(EXECUTOR, "MultiprocExecutor.shutdown", "the engine core's shutdown phase", "0.10-0.32",
+         Role.DRIVER, _as_shutdown),
+    Hook(EXECUTOR, "MultiprocExecutor.start_worker_monitor", "the exit codes of dead workers",
+         "0.10-0.32", Role.DRIVER, _watching_workers),
+]

@@ -13,10 +13,15 @@ analysis allows for. Calls a traced call makes are its own.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 
 from diagnose import probe
+from diagnose.core.vocab import Role
 from diagnose.probe.torch_dist import TracedWork
+from diagnose.probe.vllm_hooks import Hook
+
+PARALLEL_STATE = "vllm.distributed.parallel_state"
 
 TRACED = {   # GroupCoordinator method -> the op recorded
     "all_reduce": "all_reduce",
@@ -32,19 +37,27 @@ TRACED = {   # GroupCoordinator method -> the op recorded
     "irecv_tensor_dict": "recv",
 }
 ASYNC_SEND = "isend_tensor_dict"    # its tensor handles are waited at the next step
+SINCE = {"isend_tensor_dict": "0.15-0.32", "irecv_tensor_dict": "0.15-0.32"}
+OPTIONAL = {"_all_reduce_out_place": "all_reduce is traced whichever way it goes",
+            "isend_tensor_dict": "older releases send with send_tensor_dict, which is traced",
+            "irecv_tensor_dict": "older releases receive with recv_tensor_dict, which is traced"}
 
 _inside = threading.local()
 _names: dict[int, str] = {}
 
 
-def patch(parallel_state) -> None:
-    import torch
-    coordinator = parallel_state.GroupCoordinator
-    for method, op in TRACED.items():
-        original = coordinator.__dict__.get(method)
-        if original is not None:
-            setattr(coordinator, method, _traced(original, method, op, parallel_state,
-                                                 torch.compiler.is_compiling))
+def _hooked(method: str, op: str):
+    def wrap(original, coordinator):
+        import torch
+        parallel_state = sys.modules[coordinator.__module__]
+        return _traced(original, method, op, parallel_state, torch.compiler.is_compiling)
+    return wrap
+
+
+HOOKS = [Hook(PARALLEL_STATE, f"GroupCoordinator.{method}", f"the {op} calls of vLLM's groups",
+              SINCE.get(method, "0.10-0.32"), Role.WORKER, _hooked(method, op),
+              optional=OPTIONAL.get(method, ""))
+         for method, op in TRACED.items()]
 
 
 def _traced(original, method: str, op: str, parallel_state, compiling):
