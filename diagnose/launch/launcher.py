@@ -32,7 +32,7 @@ from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS, VerdictKind
-from diagnose.launch import claim
+from diagnose.launch import claim, first_failure
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.guardian import Guardian
@@ -266,12 +266,22 @@ class Launcher:
         self.stopped_by = stopped_by
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop()
+        self._name_first_failure()
         ending = command_ending(self.proc.returncode, stopped_by)
         self._write_json(Document.EXIT, ending | {
             "stop": None if stop is None else asdict(stop)})
         if stopped_by:
             self.add_to_report(**ending)
         return Outcome(exit_code, self.verdicts, self.report_path)
+
+    def _name_first_failure(self) -> None:
+        """What killed the job, read from its whole output once the job is gone."""
+        if not first_failure.wanted(self.snapshot, self.verdicts):
+            return
+        found = first_failure.first_failure(self.opts.run_dir)
+        if found is not None:
+            print(f"diag: {first_failure.line(found)}", file=sys.stderr)
+            self.add_to_report(first_failure=found)
 
     def _stop_record(self) -> Stop:
         now = self.collector.snapshot()

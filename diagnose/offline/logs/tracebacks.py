@@ -28,6 +28,7 @@ CHAINED = ("The above exception was the direct cause", "During handling of the a
 LIBRARY = re.compile(r"[/\\]lib[/\\]python3[\d.]*[/\\](?!(?:site|dist)-packages)|"
                      r"[/\\](?:site|dist)-packages[/\\](?:torch|triton)[/\\]|"
                      r"[/\\]diagnose[/\\]probe[/\\]|torch_compile_cache|torchinductor|^<", re.I)
+HANGSCOPE = re.compile(r"[/\\]diagnose[/\\]probe[/\\]")   # our code inside the job: the probe
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Frame:
 
     def library(self) -> bool:
         return bool(LIBRARY.search(self.path))
+
+    def hangscope(self) -> bool:
+        return bool(HANGSCOPE.search(self.path))
 
 
 @dataclass

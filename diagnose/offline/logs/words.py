@@ -26,11 +26,15 @@ FIRST_ADVICE = "the first failure in the log: what follows it in the chain is it
 
 
 def exception_text(error: PyError) -> str:
+    """The exception and the innermost frame of the program's own code; an
+    exception raised in hangscope's probe says so first: it is our bug."""
+    ours = error.innermost is not None and error.innermost.hangscope()
+    first = f"in hangscope's own code ({error.innermost.where()}): " if ours else ""
     if error.frame is None:
-        return f"{error.short}: {error.message}" if error.message else error.short
+        return first + (f"{error.short}: {error.message}" if error.message else error.short)
     code = f": `{error.frame.code}`" if error.frame.code else ""
     message = f": {error.message}" if error.message else ""
-    return f"{error.short} at {error.frame.where()}{code}{message}"
+    return f"{first}{error.short} at {error.frame.where()}{code}{message}"
 
 
 def finding(entry, ctx, severity: Severity, kind: Kind | None = None,

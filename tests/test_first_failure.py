@@ -1,0 +1,62 @@
+"""What killed the job: diag launch around a process that dies of an exception
+names the exception in its report and on stderr, as `diag logs` reads it from
+the job's output, not only that a process died; an exception raised in
+hangscope's own probe is said to be ours first."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def launch(tmp_path: Path, program: str) -> tuple[subprocess.CompletedProcess, dict]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(program))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
+                           str(run_dir), "--", sys.executable, str(script)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return done, json.loads((run_dir / "report.json").read_text())
+
+
+def test_the_exception_that_ended_the_job_is_named(tmp_path):
+    done, report = launch(tmp_path, """\
+        def load(path):
+            raise FileNotFoundError(f"no weights at {path}")
+
+        load("/models/none")
+        """)
+    found = report["first_failure"]
+    assert "FileNotFoundError at job.py:2 load" in found["summary"]
+    assert "no weights at /models/none" in found["summary"]
+    assert "hangscope" not in found["summary"]
+    assert "the job's first failure, from its output (line" in done.stderr
+    assert "FileNotFoundError at job.py:2 load" in done.stderr
+
+
+def test_an_exception_raised_in_hangscopes_probe_says_so_first(tmp_path):
+    """probe.init for a worker with no rank raises: a real traceback through the probe."""
+    done, report = launch(tmp_path, """\
+        import os
+        os.environ.pop("RANK", None)
+        from diagnose import probe
+        probe.init("worker")
+        """)
+    summary = report["first_failure"]["summary"]
+    process, said = summary.split(": ", 1)            # who printed it, then what it says
+    assert said.startswith("in hangscope's own code (probe/__init__.py:"), summary
+    assert "ValueError" in summary and "needs a rank" in summary
+
+
+def test_a_healthy_job_has_no_first_failure(tmp_path):
+    done, report = launch(tmp_path, "print('fine')\n")
+    assert done.returncode == 0, done.stderr
+    assert "first_failure" not in report and "first failure" not in done.stderr
