@@ -42,10 +42,11 @@ class Group:
 
 
 def resolve_groups(dumps: dict, unreadable: set[int]) -> dict[int, dict[str, Group]]:
-    """rank -> pg name -> its group, over every rank's pg_config and entries. A pg
-    name whose dumps list different ranks (split_group, or a group of one made
-    on each rank) is one group per set of ranks. The default group holds every
-    rank with a dump, readable or not."""
+    """rank -> pg name -> its group, for the pgs the rank's pg_config lists or its
+    entries use (every rank is in the default group): linear in ranks x their
+    groups, never ranks x all groups. A pg name whose dumps list different ranks
+    (split_group, or a group of one made on each rank) is one group per set of
+    ranks. The default group holds every rank with a dump, readable or not."""
     descs: dict[str, str] = {}
     rank_sets: dict[str, dict[int, frozenset[int]]] = defaultdict(dict)  # as each dump lists them
     seen: dict[str, set[int]] = defaultdict(set)                         # ranks with entries in it
@@ -67,7 +68,7 @@ def resolve_groups(dumps: dict, unreadable: set[int]) -> dict[int, dict[str, Gro
         listed = rank_sets[pg_name]
         variants = set(listed.values())
         made: dict[frozenset[int], Group] = {}
-        for rank in dumps:
+        for rank in dumps if desc == "default_pg" else listed.keys() | seen[pg_name]:
             ranks = listed.get(rank) or (next(iter(variants)) if len(variants) == 1
                                          else frozenset(seen[pg_name]))
             if desc == "default_pg":
