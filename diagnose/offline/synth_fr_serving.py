@@ -68,13 +68,15 @@ class Call:
 
 
 def write_serving_fr_dumps(out_dir: str, layout: Layout, culprit: int, fault: str,
-                           entries: int = 64, now: float | None = None) -> list[str]:
+                           entries: int = 64, now: float | None = None,
+                           steps: int | None = None) -> list[str]:
     """One dump per rank (`nccl_trace_rank_R`, at most `entries` entries, as a ring
-    of that size holds them). Returns the paths."""
+    of that size holds them) after `steps` steps; by default enough steps that
+    every ring wraps, as in a long run. Returns the paths."""
     _check(layout, culprit, fault, entries)
     os.makedirs(out_dir, exist_ok=True)
     now = time.time() if now is None else now
-    steps = entries // 3 + 2            # every rank's ring wraps, as in a long run
+    steps = steps or entries // 3 + 2
     t0 = now - HANG_S - steps * FR_STEP_S
     paths = []
     for rank in range(layout.world):
