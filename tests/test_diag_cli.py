@@ -32,7 +32,11 @@ def diag(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess:
     (["launch", "--run-dir", "/sys/kernel", "--", "true"], "cannot use run dir /sys/kernel: "),
     (["launch", "--run-dir", "RUN/not-a-dir/run", "--", "true"], "Not a directory"),
     (["launch", "--run-dir", "RUN/run", "--", "RUN/not-executable"], "Permission denied"),
-    (["launch", "--on-hang", "panic", "--", "true"], "invalid choice"),
+    (["launch", "--on-hang", "panic", "--", "true"], "unknown action 'panic'"),
+        (["launch", "--on-hang", "kill:soon", "--", "true"], "kill:SECONDS needs seconds"),
+        (["launch", "--on-hang", "wait,kill", "--", "true"], "wait only watches"),
+        (["launch", "--on-hang", "exec:", "--", "true"], "exec: needs a command"),
+        (["launch", "--metrics-port", "http", "--", "true"], "port number 0-65535"),
     (["launch", "--run-dir", "RUN/run", "--", "/no/such/program"], "cannot run"),  # not runs/ in the checkout
     (["dump", "/no/such/run"], "no such file or directory"),
     (["tui", "/no/such/run"], "/no/such/run"),

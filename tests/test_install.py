@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 PROGRAMS = os.path.join(REPO, "tests", "programs")
 BUILT_FROM = ["pyproject.toml", "README.md", "diagnose", "tui", "engine", "kernels"]
-DEBUGGER_REQUIRES = {"psutil", "py-spy", "rich", "textual"}
+DEBUGGER_REQUIRES = {"prometheus_client", "psutil", "py-spy", "rich", "textual"}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_base_requires_only_the_debugger_and_has_no_torch(venv):
     base = {re.match(r"[A-Za-z0-9._-]+", r).group() for r in requires if "extra ==" not in r}
     assert base == DEBUGGER_REQUIRES
     engine = {re.match(r"[A-Za-z0-9._-]+", r).group() for r in requires if 'extra == "engine"' in r}
-    assert {"torch", "triton", "numpy", "aiohttp", "prometheus_client"} <= engine
+    assert {"torch", "triton", "numpy", "aiohttp"} <= engine
     for module in ("torch", "numpy", "triton"):
         missing = python(venv, f"import {module}")
         assert missing.returncode == 1 and "ModuleNotFoundError" in missing.stderr, module

@@ -5,12 +5,14 @@ hang unless --stall-timeout says otherwise; a run dir uses the learned limits.""
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import asdict
 
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.cli.common import (EXIT_HEALTHY, EXIT_VERDICTS, JUDGED_CODES, UsageError,
                                  add_command, add_output, emit_json, flag_value, open_source)
 from diagnose.core import schema
-from diagnose.core.layout import parse_ranks
+from diagnose.core.layout import parse_ranks, rank_list
 
 EXAMPLES = ["diag analyze runs/20250101-120000",
             "diag analyze /tmp/fr_dumps --ranks 0-3,6 --groups tp1",
@@ -62,10 +64,15 @@ def analyze_command(args) -> int:
     body = to_json(snapshot, verdicts, rows) | {"notes": notes}
     if selection.narrows:
         body["shown"] = selection.to_json(rows, snapshot)
+    recorded = _flight_recorder(source)
+    if recorded is not None:
+        body["flight_recorder"] = recorded
     emit_json(schema.Document.ANALYZE, body, args)
     if not args.json:
         render(snapshot, verdicts, notes=notes, rows=rows,
                caption=selection.caption(rows, snapshot))
+        if recorded is not None:
+            _render_flight_recorder(recorded)
     if verdicts:
         return EXIT_VERDICTS
     if source.unreadable:
@@ -73,6 +80,40 @@ def analyze_command(args) -> int:
                          f"{len(source.unreadable)} probe file(s) could not be read "
                          f"({source.unreadable[0]})")
     return EXIT_HEALTHY
+
+
+def _flight_recorder(source) -> dict | None:
+    """A run dir's Flight Recorder dumps (diag launch asks for them on a hang),
+    judged on their own: the ranks they hold and what they say."""
+    from diagnose.launch.flight import FR_DIR, dumps_in
+    from diagnose.launch.rundir import RunDirError, RunDirSource, open_run
+    if not isinstance(source, RunDirSource) or not dumps_in(source.run_dir):
+        return None
+    path = os.path.join(source.run_dir, FR_DIR)
+    try:
+        dumps = open_run(path)
+    except RunDirError as error:
+        return {"path": path, "ranks": [], "verdicts": [], "notes": [str(error)]}
+    snapshot = dumps.snapshot()
+    return {"path": path, "ranks": sorted(snapshot.ranks),
+            "verdicts": [asdict(verdict) for verdict in dumps.verdicts(snapshot)],
+            "notes": dumps.notes}
+
+
+def _render_flight_recorder(recorded: dict) -> None:
+    from rich.text import Text
+
+    from diagnose.offline.console import output_console
+    console = output_console(highlight=False)
+    ranks = rank_list(recorded["ranks"]) if recorded["ranks"] else "no rank readable"
+    console.print(Text(f"Flight Recorder dumps in {recorded['path']} ({ranks}; "
+                       f"diag analyze {recorded['path']} shows them whole):", style="bold"))
+    for verdict in recorded["verdicts"]:
+        console.print(Text(f"  [{verdict['kind']}] {verdict['summary']}"))
+    if not recorded["verdicts"]:
+        console.print(Text("  no hang in the dumps"))
+    for note in recorded["notes"]:
+        console.print(Text(f"  note: {note}", style="dim"))
 
 
 def _write_perfetto(snapshot, path: str) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.cli.common import UsageError, add_command, flag_value
+from diagnose.launch.escalate import OnHang
 from diagnose.probe import rank_env
 from diagnose.probe.faults import parse_faults
 from diagnose.probe.marks import parse_mark
@@ -47,6 +48,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, not {text!r}")
+    return int(text)
+
+
 def _launch_options(parser) -> None:
     a = parser.add_argument
     a("--run-dir", help="where probes, dumps and the report go (default: runs/<time>)")
@@ -54,9 +61,12 @@ def _launch_options(parser) -> None:
       type=flag_value("--stall-timeout", _launch_thresholds, keep_text=False),
       help=f"seconds without progress that make a hang, at least {MIN_LAUNCH_STALL_S:g} "
            f"(default: auto, learned from the run)")
-    a("--on-hang", choices=["report", "kill", "wait"], default="report",
-      help="on a hang: dump and report, then keep running (report); also end the run (kill); "
-           "only watch (wait)")
+    a("--on-hang", default="report", metavar="ACTIONS",
+      type=flag_value("--on-hang", OnHang.parse),
+      help="on a hang: capture stacks, Flight Recorder dumps and the report, and keep "
+           "running (report, the default; also 'dump'); then end the job (kill), or end it "
+           "SECONDS later (kill:SECONDS); run a hook with the report's path (exec:CMD, last); "
+           "or only watch (wait). Comma-separated: dump,exec:notify.sh,kill:30")
     a("--launch-blocking", metavar="RANKS|all", type=flag_value("--launch-blocking",
                                                                  rank_env.parse_ranks),
       help="CUDA_LAUNCH_BLOCKING=1 on these ranks only, e.g. 0,3 or 0-3")
@@ -81,6 +91,12 @@ def _launch_options(parser) -> None:
     a("--node-rank", type=_count, default=0, help="this node's rank; node 0 is the head")
     a("--listen", metavar="HOST:PORT", help="the head: where the other nodes report to")
     a("--head", metavar="HOST:PORT", help="another node: the head's --listen address")
+    a("--metrics-port", metavar="PORT", type=_port,
+      help="serve Prometheus metrics (/metrics) and a health check (/health: 503 while a hang "
+           "is named) on this port; 0 picks a free one (docs/metrics.md)")
+    a("--metrics-address", metavar="ADDR", default="127.0.0.1",
+      help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 for a "
+           "Kubernetes probe or a Prometheus on another host)")
 
 
 def launch_command(args) -> int:
@@ -127,4 +143,5 @@ def _launch_options_of(args, command: list[str]):
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
                          faults=args.fault, output=args.output, marks=args.mark,
                          nnodes=args.nnodes, node_rank=args.node_rank, listen=args.listen,
-                         head=args.head)
+                         head=args.head, metrics=None if args.metrics_port is None else
+                         (args.metrics_address, args.metrics_port))

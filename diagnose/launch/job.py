@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -37,14 +38,38 @@ def job_processes(session: int, run_dir: str) -> list[psutil.Process]:
 
 
 def end_job(session: int, run_dir: str, grace_s: float,
-            command: subprocess.Popen | None = None) -> None:
+            command: subprocess.Popen | None = None, first: list[int] = ()) -> None:
     """SIGTERM every process of the job, SIGKILL those left after grace_s. The
     command, when it is our child, is reaped through its Popen: its exit code is
-    the launcher's to read."""
+    the launcher's to read. The pids in `first` (the ranks) are ended before the
+    rest, so that no rank still holds its device when its parent goes."""
+    if first:
+        _end_first(session, run_dir, grace_s, set(first))
     _signal_all(job_processes(session, run_dir), signal.SIGTERM)
     _wait_for_end(session, run_dir, grace_s, command)
     _signal_all(job_processes(session, run_dir), signal.SIGKILL)
     _wait_for_end(session, run_dir, KILLED_WAIT_S, command)
+
+
+def _end_first(session: int, run_dir: str, grace_s: float, pids: set[int]) -> None:
+    def left() -> list[psutil.Process]:
+        return [process for process in job_processes(session, run_dir) if process.pid in pids]
+    _signal_all(left(), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while left() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    _signal_all(left(), signal.SIGKILL)
+    deadline = time.monotonic() + KILLED_WAIT_S
+    while left() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+def rank_pids(snapshot, parent: int) -> list[int]:
+    """The pids of the snapshot's live ranks on this host, but the command's own."""
+    here = socket.gethostname()
+    ranks = snapshot.ranks.values() if snapshot is not None else []
+    return [state.identity.pid for state in ranks if state.alive
+            and state.identity.host == here and state.identity.pid != parent]
 
 
 def shell_code(returncode: int) -> int:

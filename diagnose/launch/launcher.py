@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -32,11 +33,12 @@ from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS, VerdictKind
-from diagnose.launch import claim, first_failure
+from diagnose.launch import claim, first_failure, flight
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.dump import py_spy_all
+from diagnose.launch.escalate import Hook, OnHang
 from diagnose.launch.guardian import Guardian
-from diagnose.launch.job import end_job, job_processes, shell_code
+from diagnose.launch.job import end_job, job_processes, rank_pids, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
@@ -45,6 +47,10 @@ from diagnose.offline import report
 from diagnose.probe import faults, marks, rank_env
 
 ENDED_MARK = "--- diag ended the job here"   # how diag's line in the output starts
+
+if TYPE_CHECKING:
+    from diagnose.launch.metrics import Monitor
+
 POLL_S = 0.25
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -60,7 +66,7 @@ class LaunchOptions:
     command: list[str]
     run_dir: str
     thresholds: Thresholds = field(default_factory=Thresholds)
-    on_hang: str = "report"             # report (and keep running), kill, wait
+    on_hang: str = "report"             # escalate.OnHang's text: report, kill:5, wait, ...
     launch_blocking: str | None = None  # "all" or "0,3"
     nccl_debug: str | None = None
     faults: list[faults.FaultSpec] = field(default_factory=list)
@@ -72,6 +78,7 @@ class LaunchOptions:
     node_rank: int = 0
     listen: str | None = None           # the head: HOST:PORT its agents report to
     head: str | None = None             # an agent: the head's HOST:PORT
+    metrics: tuple[str, int] | None = None  # (address, port) of /metrics and /health
 
 
 @dataclass
@@ -95,6 +102,7 @@ def command_env(opts: LaunchOptions) -> dict[str, str]:
         env[rank_env.LAUNCH_BLOCKING_VAR] = opts.launch_blocking
     if opts.nccl_debug:
         env[rank_env.NCCL_DEBUG_VAR] = opts.nccl_debug
+    env |= flight.fr_env(opts.run_dir, env)
     return env
 
 
@@ -106,6 +114,13 @@ class Launcher:
     def __init__(self, opts: LaunchOptions):
         self.opts = opts
         self.thresholds = opts.thresholds
+        try:
+            self.on_hang = OnHang.parse(opts.on_hang)
+        except ValueError as error:
+            raise LaunchError(f"--on-hang: {error}") from None
+        self.kill_at: float | None = None      # when --on-hang kill:S ends the hung job
+        self.hooks: list[Hook] = []
+        self.monitor = _monitor(opts.metrics) if opts.metrics else None
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
@@ -142,12 +157,14 @@ class Launcher:
         self._write_json(Document.LAUNCH, {"command": self.opts.command, "pid": self.proc.pid,
                                            "started_at": time.time(), **_options_json(self.opts)})
 
-    def stop(self) -> None:
-        """End the command and every process of its job, gracefully first."""
+    def stop(self, ranks_first: bool = False) -> None:
+        """End the command and every process of its job, gracefully first; with
+        ranks_first, the ranks of this host before their parents."""
         if self.proc is None:
             return
         self.shm.sample([process.pid for process in self._job()])
-        end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc)
+        end_job(self.proc.pid, os.path.abspath(self.opts.run_dir), STOP_GRACE_S, self.proc,
+                first=rank_pids(self.snapshot, self.proc.pid) if ranks_first else [])
         self.proc.wait()
         self.output.finish()
         self._remove_shared_memory()
@@ -184,6 +201,7 @@ class Launcher:
 
     # -- watching ---------------------------------------------------------
     def poll(self) -> list[Verdict]:
+        began = time.monotonic()
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
         self.snapshot = snapshot
@@ -194,6 +212,8 @@ class Launcher:
             self.next_shm_sample = time.monotonic() + SHM_SAMPLE_S
         self.role.after_poll(self)
         self._say_new_verdicts()
+        if self.monitor is not None:
+            self.monitor.publish(snapshot, self.verdicts, verdict_key, time.monotonic() - began)
         return self.verdicts
 
     def _say_new_verdicts(self) -> None:
@@ -220,6 +240,8 @@ class Launcher:
                 outcome = self._on_hangs()
                 if outcome is not None:
                     return outcome
+                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
                 time.sleep(POLL_S)
             # Judged with the exit code known, and by a fresh collector: the last
             # one takes a heartbeat that moved since its last look for a live process.
@@ -232,6 +254,9 @@ class Launcher:
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_INTERRUPTED)
             self.guardian.release()
+            self._finish_hooks()
+            if self.monitor is not None:
+                self.monitor.close()
 
     def _on_hangs(self) -> Outcome | None:
         """Dumps and reports new hangs; the outcome once they end the run."""
@@ -240,12 +265,28 @@ class Launcher:
         if not fresh or self._ends_soon():
             return None
         self.reported.update(map(verdict_key, fresh))
-        if self.opts.on_hang == "wait" or not self.role.judges:
+        if not self.on_hang.capture or not self.role.judges:
             return None
         self.write_report(dump=True)
-        if self.opts.on_hang != "kill":
+        if self.on_hang.hook:
+            self.hooks.append(Hook(self.on_hang.hook, self.report_path, fresh[0].summary,
+                                   os.path.join(self.opts.run_dir, f"hook-{len(self.hooks)}.log")))
+        if self.on_hang.kill_after_s is None or self.kill_at is not None:
             return None
-        return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
+        if self.on_hang.kill_after_s == 0:
+            return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
+        self.kill_at = time.monotonic() + self.on_hang.kill_after_s
+        self.output.say(f"everything captured ({self.report_path}); ending the job in "
+                        f"{self.on_hang.kill_after_s:g} s (--on-hang {self.opts.on_hang})")
+        return None
+
+    def _finish_hooks(self) -> None:
+        failures = list(filter(None, (hook.finish() for hook in self.hooks)))
+        for failure in failures:
+            print(f"diag: {failure}", file=sys.stderr)
+        if failures and os.path.exists(self.report_path):
+            self.notes += failures
+            self.add_to_report(notes=self.notes)
 
     def _stopped(self) -> Outcome:
         """Stopped by a signal, the TUI or the head: the report is written (a hang's
@@ -261,11 +302,12 @@ class Launcher:
         which probed processes the stop ended: the analysis judges a stopped job
         as it stood then, not by the deaths the stop caused)."""
         if stopped_by:
-            self.output.say(ending_line(stopped_by, self.verdicts), echo=stopped_by == "hang")
+            self.output.say(ending_line(stopped_by, self.verdicts, self.opts.on_hang),
+                            echo=stopped_by == "hang")
         stop = self._stop_record() if stopped_by else None
         self.stopped_by = stopped_by
         self.role.end(exit_code, stopped=stopped_by is not None)
-        self.stop()
+        self.stop(ranks_first=stopped_by == "hang")
         self._name_first_failure()
         ending = command_ending(self.proc.returncode, stopped_by)
         self._write_json(Document.EXIT, ending | {
@@ -328,12 +370,15 @@ class Launcher:
         body = report.to_json(self.snapshot, self.verdicts)
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
-            notes += request_dump(self.opts.run_dir)
+            asked, fr_notes = flight.ask_nccl_ranks(self.opts.run_dir)   # NCCL's take ~1 s
+            notes += request_dump(self.opts.run_dir)   # stacks, and gloo's Flight Recorder
             notes += self.role.dump_other_nodes()
             dumped = self.collector.snapshot()  # holds the stacks files the ranks just wrote
             body["stacks"] = self._stacks(dumped)
             body["py_spy"], spy_notes = py_spy_all(dumped)
-            notes += spy_notes
+            notes += spy_notes + fr_notes + flight.wait_for_dumps(self.opts.run_dir, asked)[1]
+            body["flight_recorder"] = {str(rank): os.path.relpath(path, self.opts.run_dir)
+                                       for rank, path in flight.dumps_in(self.opts.run_dir).items()}
         body["notes"] = self.notes = notes
         body["command_exit"] = self.snapshot.command_exit
         self._write_report(body)
@@ -360,13 +405,13 @@ class Launcher:
             json.dump(schema.stamped(document, body), f, indent=1, default=str)
 
 
-def ending_line(stopped_by: str, verdicts: list[Verdict]) -> str:
+def ending_line(stopped_by: str, verdicts: list[Verdict], on_hang: str = "kill") -> str:
     """diag's line in the job's output where it ends the job: the lines after it are
     the job being stopped (a torchrun agent's SignalException, say), not its failure."""
     hangs = [verdict for verdict in verdicts if verdict.kind in HANG_KINDS]
     if stopped_by == "hang" and hangs:
         culprits = ", ".join(map(str, hangs[0].culprit_ranks)) or "none named"
-        why = f"--on-hang kill: {hangs[0].kind}, culprit rank {culprits}"
+        why = f"--on-hang {on_hang}: {hangs[0].kind}, culprit rank {culprits}"
     else:
         why = f"stopped by {stopped_by}"
     return f"{ENDED_MARK} ({why}) ---"
@@ -404,6 +449,14 @@ def _phase_names(snapshot: Snapshot) -> set[str]:
 
 def default_run_dir() -> str:
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _monitor(address: tuple[str, int]) -> Monitor:
+    from diagnose.launch.metrics import MonitorError, start_monitor
+    try:
+        return start_monitor(*address)
+    except MonitorError as error:
+        raise LaunchError(str(error)) from None
 
 
 def _end_with_launcher() -> None:

@@ -19,7 +19,7 @@ from diagnose.core.frames import frame_label
 from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import DeviceWork
 from diagnose.core.vocab import STEP_PHASES, Phase
-from diagnose.probe import faults, stacks
+from diagnose.probe import faults, fr_dump, stacks
 from diagnose.probe.calls import (OFF, SKIPPED, Capture, CapturedCall, InFlight, Off, StepWork,
                                   Traced, TracedOnDevice)
 
@@ -283,6 +283,7 @@ class Recorder:
                 stacks.thread_stacks(skip_ident=me), os.getpid(), request)
         except OSError:
             pass
+        fr_dump.write_gloo_dump()
         self.file.dump_done(request)
 
     def _traced_frame(self) -> str:
