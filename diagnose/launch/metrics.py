@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from diagnose.analysis.activity import classify
 from diagnose.analysis.position import current_step, last_progress, phase_name
 from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.core.vocab import HANG_KINDS
@@ -91,8 +92,12 @@ def _rank_families(snapshot: Snapshot | None):
     beat = _gauge("rank_heartbeat_age_seconds", "seconds since the rank's probe last beat",
                   ["rank"])
     alive = _gauge("rank_alive", "1 while the rank's process runs", ["rank"])
+    activity = _gauge("rank_activity", "1 for what the rank's main thread does now, read from "
+                      "its current frame (collective, gpu_wait, idle, compiling, sleeping, "
+                      "running, unknown)", ["rank", "activity"])
+    families = [age, step, phase, beat, alive, activity]
     if snapshot is None or not snapshot.ranks:
-        return [age, step, phase, beat, alive]
+        return families
     now = snapshot.taken_at
     age.add_metric([], max(0.0, now - max(map(last_progress, snapshot.ranks.values()))))
     for rank, state in snapshot.ranks.items():
@@ -102,7 +107,9 @@ def _rank_families(snapshot: Snapshot | None):
         phase.add_metric(label + [phase_name(state) or "none"], 1.0)
         beat.add_metric(label, max(0.0, now - state.heartbeat_at))
         alive.add_metric(label, 1.0 if state.alive else 0.0)
-    return [age, step, phase, beat, alive]
+        doing = classify([state.frame] if state.frame else []).activity
+        activity.add_metric(label + [str(doing)], 1.0)
+    return families
 
 
 def _diag_families(view: View):
