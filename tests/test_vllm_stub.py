@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnose.launch.collector import Collector
 from diagnose.probe import vllm as plugin
 from diagnose.probe.vllm_hooks import WORKER_CLASS
 
@@ -49,6 +50,9 @@ def test_missing_names_are_notes_in_the_report_and_the_job_runs(tmp_path):
     # what the stub has is hooked: the workers' steps and the engine core's waits are phases
     assert not [note for note in notes if "no load_model" in note or "no execute_model" in note]
     assert len(notes) == len(set(notes))
+    ranks = Collector(str(run_dir)).snapshot().ranks
+    assert [ranks[rank].identity.label for rank in (0, 1)] == ["Worker_TP0", "Worker_TP1"]
+    assert ranks[1].identity.groups == {"tp0": [0, 1], "pp": [0, 1]}
 
 
 def test_every_row_names_what_it_records_and_its_releases():

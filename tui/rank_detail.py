@@ -32,6 +32,8 @@ def header_text(view: RankView) -> str:
     state = view.state
     ident = state.identity
     where = f"stage {ident.pp_rank} · tp {ident.tp_rank}" if ident.pp_rank is not None else ident.role
+    if ident.label:
+        where = f"{ident.label} · {where}"
     lines = [f"rank {ident.rank} · {where} · {view.word} · pid {ident.pid} on {ident.host} · {ident.device}"]
     if state.fault is not None:
         fired = (f"fired at +{state.fault.fired_at - state.started_at:.3f}s" if state.fault.fired_at

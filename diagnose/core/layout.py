@@ -1,5 +1,7 @@
-"""The rank layout of a TP x PP job, as vLLM lays it out (rank = pp_rank *
-tp_size + tp_rank), and the one way a rank is named in words."""
+"""The rank layout of a TP x PP job, as vLLM lays it out: TP ranks vary
+fastest, then vLLM's prefill-context-parallel ranks (PCP, 1 unless it is
+used), then the PP stages (rank = (pp_rank * pcp_size + pcp_rank) * tp_size +
+tp_rank); and the one way a rank is named in words."""
 from __future__ import annotations
 
 import re
@@ -10,29 +12,47 @@ from dataclasses import dataclass
 class Layout:
     tp_size: int
     pp_size: int
+    pcp_size: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.tp_size * self.pp_size
+        return self.tp_size * self.pcp_size * self.pp_size
 
-    def rank(self, pp_rank: int, tp_rank: int) -> int:
-        return pp_rank * self.tp_size + tp_rank
+    def rank(self, pp_rank: int, tp_rank: int, pcp_rank: int = 0) -> int:
+        return (pp_rank * self.pcp_size + pcp_rank) * self.tp_size + tp_rank
 
     def place(self, rank: int) -> tuple[int, int]:
         """(pp_rank, tp_rank) of a rank."""
-        return divmod(rank, self.tp_size)
+        return rank // (self.tp_size * self.pcp_size), rank % self.tp_size
 
-    def tp_ranks(self, pp_rank: int) -> list[int]:
-        return [self.rank(pp_rank, t) for t in range(self.tp_size)]
+    def pcp_rank(self, rank: int) -> int:
+        return rank // self.tp_size % self.pcp_size
+
+    def tp_ranks(self, pp_rank: int, pcp_rank: int = 0) -> list[int]:
+        return [self.rank(pp_rank, t, pcp_rank) for t in range(self.tp_size)]
+
+    def tp_group(self, rank: int) -> str:
+        """The name of the rank's TP group: 'tp{pp}', and '.{pcp}' after it under PCP."""
+        pp_rank = self.place(rank)[0]
+        return f"tp{pp_rank}" if self.pcp_size == 1 else f"tp{pp_rank}.{self.pcp_rank(rank)}"
 
     def groups(self) -> dict[str, list[int]]:
-        groups = {f"tp{p}": self.tp_ranks(p) for p in range(self.pp_size)}
+        groups = {self.tp_group(self.rank(p, 0, c)): self.tp_ranks(p, c)
+                  for p in range(self.pp_size) for c in range(self.pcp_size)}
         groups["pp"] = list(range(self.world_size))
         return groups
 
     def name(self, rank: int) -> str:
         pp_rank, tp_rank = self.place(rank)
         return rank_name(rank, pp_rank, self.pp_size, tp_rank)
+
+    def vllm_name(self, rank: int, dp_rank: int = 0, dp_size: int = 1) -> str:
+        """The name vLLM gives the worker (its process title, its log prefix):
+        'Worker_PP1_TP0', each part only where its size is over 1."""
+        pp_rank, tp_rank = self.place(rank)
+        parts = [("DP", dp_rank, dp_size), ("PP", pp_rank, self.pp_size),
+                 ("PCP", self.pcp_rank(rank), self.pcp_size), ("TP", tp_rank, self.tp_size)]
+        return "Worker" + "".join(f"_{tag}{index}" for tag, index, size in parts if size > 1)
 
 
 def rank_name(rank: int, pp_rank: int | None = None, pp_size: int | None = None,

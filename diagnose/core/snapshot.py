@@ -22,12 +22,16 @@ class Identity:
     device: str
     env: dict[str, str] = field(default_factory=dict)        # CUDA_LAUNCH_BLOCKING, NCCL_* in force
     groups: dict[str, list[int]] = field(default_factory=dict)  # group name -> member ranks
+    label: str | None = None       # the rank's name in its own program: vLLM's "Worker_PP1_TP0"
 
     @property
     def name(self) -> str:
-        """'rank 6 (pp 3/4, tp 0)', 'rank 3', or 'the driver'."""
+        """'rank 6 (pp 3/4, tp 0)', 'rank 3', or 'the driver'; where the program's
+        own name says more than pp and tp (vLLM's DP or PCP), 'rank 6 (Worker_PP1_PCP1_TP0)'."""
         if self.rank is None:
             return "the driver"
+        if self.label and ("_DP" in self.label or "_PCP" in self.label):
+            return f"rank {self.rank} ({self.label})"
         return rank_name(self.rank, self.pp_rank, self.pp_size, self.tp_rank)
 
 

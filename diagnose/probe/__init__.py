@@ -42,9 +42,10 @@ _probe: Recorder | None = None
 
 
 def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
-         pp_rank=None, pp_size=None, device="cpu", groups=None):
+         pp_rank=None, pp_size=None, device="cpu", groups=None, label=None):
     """role "worker" or "process" needs a rank (for "process", RANK from the
-    environment will do); "driver" has none. A second call is ignored."""
+    environment will do); "driver" has none; label is the rank's name in its own
+    program (vLLM's "Worker_PP1_TP0"). A second call is ignored."""
     global _probe
     run_dir = os.environ.get(RUN_DIR_VAR)
     if not run_dir or _probe is not None:
@@ -61,6 +62,7 @@ def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
         "env": {key: value for key, value in os.environ.items()
                 if key in TRACED_ENV or key.startswith("NCCL_")},
         "groups": groups or {},
+        "label": label,
     }
     _probe = Recorder(run_dir, identity)
     os.register_at_fork(after_in_child=_forget)

@@ -7,8 +7,9 @@ In the EngineCore (the driver): every collective_rpc is one message of the
 executor's shared-memory broadcast queue (`probe.ring_state`), and the wait
 for the reply of an execute_model or sample_tokens call is the driver's phase
 of that name. In each worker (`VllmWorker-<rank>`): the probe starts when
-vLLM sets up the worker's distributed environment, with vLLM's rank layout
-(rank = pp_rank * tp_size + tp_rank); the worker's start-up calls and each
+vLLM sets up the worker's distributed environment, with the rank layout of
+vLLM's parallel config (core/layout.py) and the name vLLM gives the worker
+(`Worker_PP1_TP0`, the identity's label); the worker's start-up calls and each
 execute_model (its step: the count of execute_model calls, the same on every
 rank) and sample_tokens are phases; its wait on the broadcast queue is the
 dequeue phase, and each message it takes is counted (`probe.ring_read`); the
@@ -95,15 +96,21 @@ def _starting_probe(original, owner):
 
 
 def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
+    """The worker's place from vLLM's own parallel config: TP, PCP and PP sizes
+    (PCP where the release has it), in vLLM's order, and the name vLLM gives it."""
     parallel = vllm_config.parallel_config
-    layout = Layout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    layout = Layout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+                    getattr(parallel, "prefill_context_parallel_size", 1))
     pp_rank, tp_rank = layout.place(rank)
     device = str(vllm_config.device_config.device)
     if device.startswith("cuda") and local_rank is not None and local_rank >= 0:
         device = f"cuda:{local_rank}"
+    label = layout.vllm_name(rank, getattr(parallel, "data_parallel_rank", 0),
+                             getattr(parallel, "data_parallel_size", 1))
+    vllm_collectives.layout = layout
     probe.init(Role.WORKER, rank=rank, world_size=layout.world_size, tp_rank=tp_rank,
                tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
-               device=device, groups=layout.groups())
+               device=device, groups=layout.groups(), label=label)
     apply(_worker_class(parallel.worker_cls),
           [hook for hook in HOOKS if hook.module == WORKER_CLASS])
 

@@ -2,11 +2,11 @@
 the layer every TP all-reduce/all-gather and PP send/recv of a vLLM worker
 goes through.
 
-Group names follow the engine's: the TP group of PP stage p is "tp{p}", the
-PP group "pp", others keep vLLM's name. What runs in Python is traced: eager
-code (the logits all-gather, the PP tensor-dict send/recv, --enforce-eager
-models) and, on GPU, the custom op that compiled graphs call for an
-all-reduce. Inside a compiled model on CPU the all-reduce is C++ only, and a
+Group names follow the engine's: the TP group of PP stage p is "tp{p}"
+("tp{p}.{c}" under PCP), the PP group "pp", others keep vLLM's name. What runs
+in Python is traced: eager code (the logits all-gather, the PP tensor-dict
+send/recv, --enforce-eager models) and, on GPU, the custom op that compiled
+graphs call for an all-reduce. Inside a compiled model on CPU the all-reduce is C++ only, and a
 CUDA graph replay runs no Python: those calls are not seen, which the
 analysis allows for. Calls a traced call makes are its own.
 """
@@ -44,6 +44,7 @@ OPTIONAL = {"_all_reduce_out_place": "all_reduce is traced whichever way it goes
 
 _inside = threading.local()
 _names: dict[int, str] = {}
+layout = None        # the worker's Layout, set by the plugin as the probe starts
 
 
 def _hooked(method: str, op: str):
@@ -89,7 +90,9 @@ def _group_name(group, parallel_state) -> str:
     name = _names.get(id(group))
     if name is None:
         kind = group.unique_name.split(":")[0]
-        if kind == "tp":
+        if kind == "tp" and layout is not None:
+            name = layout.tp_group(group.ranks[group.rank_in_group])
+        elif kind == "tp":
             name = f"tp{parallel_state.get_pp_group().rank_in_group}"
         else:
             name = kind if kind in ("pp", "world") else group.unique_name
