@@ -21,7 +21,8 @@ from synthetic import OP_S, Job
 from diagnose.launch.rundir import open_run as open_run_dir
 from tui.app import POLL_INTERVAL_S, DiagApp
 from tui.log_files import read_log_tail
-from tui.grid_model import CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid, move
+from tui.grid_model import (CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid,
+                            default_selection, move)
 from tui.quit_screen import QuitScreen
 from tui.rank_detail import RankDetail
 from tui.rank_grid import RankGrid
@@ -169,11 +170,13 @@ def test_grid_groups_many_ranks_and_keeps_the_culprit_named():
     assert described == [   # rank 100 is gone, and no verdict calls that a death
         (0, 3, {IDLE: 16}, {}),
         (4, 4, {CULPRIT: 1, WAITING: 2, IDLE: 13}, {CULPRIT: [70]}),
-        (5, 5, {CULPRIT: 1, DEAD: 1, IDLE: 14}, {CULPRIT: [88], DEAD: [90]}),
+        (5, 5, {DEAD: 2, IDLE: 14}, {DEAD: [88, 90]}),     # the first death is dead too
         (6, 6, {IDLE: 15, ENDED: 1}, {}),
         (7, 7, {IDLE: 16}, {}),
     ]
     assert model.groups[1].ranks[:3] == [70, 71, 72]
+    assert default_selection(model) == 70
+    assert default_selection(build_grid(settle(job, t + 1.0), verdicts[1:])) == 88  # first death
 
 
 def test_log_tail_prefers_the_rank_output_then_its_nccl_log(tmp_path):

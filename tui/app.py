@@ -16,6 +16,7 @@ from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
 from diagnose.core.output import addresses
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot, Verdict
 from tui.grid_model import build_grid, default_selection
 from tui.help_screen import HELP_KEYS, HelpScreen
@@ -88,6 +89,11 @@ class DiagApp(App):
         self.spy_stacks: dict[int, tuple[str, list[str]]] = {}
         self.culprit_was_named = False
         self.started_at = time.time()
+
+    def notify(self, message: str, **options) -> None:
+        """Every notification: what it quotes of the run's files is escaped, and
+        none of it is read as markup."""
+        super().notify(shown(message, lines=True), **options | {"markup": False})
 
     def compose(self) -> ComposeResult:
         yield VerdictBar(id="verdict")
@@ -177,7 +183,7 @@ class DiagApp(App):
                              read_only=self.controller is None)
         if self.read_error:
             status += f" · reading the run dir failed: {self.read_error}"
-        self.query_one("#status", Static).update(Text(status))
+        self.query_one("#status", Static).update(Text(shown(status)))
         self.show_detail()
 
     @property

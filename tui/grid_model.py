@@ -149,10 +149,14 @@ def group_line(stage: int, cells: list[RankCell]) -> GroupLine:
 
 
 def default_selection(model: GridModel) -> int | None:
-    """The first culprit on screen, else the first rank on screen."""
+    """The first culprit on screen, else the first death (a dead rank that a
+    verdict names first is DEAD, not CULPRIT), else the first rank on screen."""
     shown = [rank for ranks in model.selectable_rows() for rank in ranks]
-    culprits = [rank for rank in shown if model.cells[rank].state == CULPRIT]
-    return (culprits or shown or [None])[0]
+    for state in NAMED_STATES:
+        named = [rank for rank in shown if model.cells[rank].state == state]
+        if named:
+            return named[0]
+    return (shown or [None])[0]
 
 
 def move(model: GridModel, rank: int | None, dx: int, dy: int) -> int | None:

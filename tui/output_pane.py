@@ -8,6 +8,7 @@ from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from diagnose.core.shown import shown
 from tui.log_files import LogTail
 
 
@@ -25,7 +26,8 @@ class OutputPane(VerticalScroll):
         if new is None or not new.lines:
             return
         self.border_title = f"command output ({new.name})"
-        self.query_one("#output-text", Static).update(Text("\n".join(new.lines)))
+        self.query_one("#output-text", Static).update(Text(shown("\n".join(new.lines),
+                                                                 lines=True)))
         self.call_after_refresh(self.scroll_end, animate=False)
 
     def watch_hidden(self) -> None:

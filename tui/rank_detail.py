@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import RankState
 from diagnose.offline.report import collective_label
 
@@ -90,18 +91,23 @@ class RankDetail(VerticalScroll, can_focus=True):
         if view is None:
             return
         # Text(...) keeps "[...]" in frames and logs from being read as markup
-        self.query_one("#detail-header", Static).update(Text(header_text(view)))
-        self.query_one("#detail-timeline", Static).update(Text(timeline_text(view)))
-        self.query_one("#detail-collectives", Static).update(Text(collectives_text(view)))
+        self.query_one("#detail-header", Static).update(_safe(header_text(view)))
+        self.query_one("#detail-timeline", Static).update(_safe(timeline_text(view)))
+        self.query_one("#detail-collectives", Static).update(_safe(collectives_text(view)))
         stack = self.query_one("#detail-stack", Static)
         stack.border_title = f"stack ({view.stack_source})"
-        stack.update(Text("\n".join(view.stack)))
+        stack.update(_safe("\n".join(view.stack)))
         log = self.query_one("#detail-log", Static)
-        log.border_title = f"log ({view.log_name})" if view.log_name else "log"
-        log.update(Text(log_text(view)))
+        log.border_title = f"log ({shown(view.log_name)})" if view.log_name else "log"
+        log.update(_safe(log_text(view)))
 
 
 def stack_lines(stacks: dict[str, list[str]]) -> list[str]:
     """Thread by thread, outermost frame first, as a traceback reads."""
     return [line for name, frames in stacks.items()
             for line in (f"thread {name}", *(f"  {frame}" for frame in frames))]
+
+
+def _safe(text: str) -> Text:
+    """What the rank's files and logs say, escaped: nothing raw reaches the terminal."""
+    return Text(shown(text, lines=True))

@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from diagnose.core.shown import shown
 from tui.grid_model import NAMED_STATES, GridModel, GroupLine, RankCell, StageRow, move
 
 CELL_LINES = 4
@@ -96,7 +97,8 @@ class RankGrid(Widget, can_focus=True):
     def cell_text(self, cell: RankCell) -> Text:
         selected = cell.rank == self.selected
         lines = cell_lines(cell, selected)
-        return Text("\n".join(lines), style=self.state_style(cell.state, selected), no_wrap=True)
+        return Text("\n".join(map(shown, lines)), style=self.state_style(cell.state, selected),
+                    no_wrap=True)
 
     def render_groups(self, groups: list[GroupLine]) -> RenderableType:
         text = Text(no_wrap=True, overflow="ellipsis")

@@ -22,6 +22,7 @@ from diagnose.cli.launch import add_launch
 from diagnose.cli.offline import add_logs, add_synth
 from diagnose.cli.runs import add_demo, add_dump, add_tui
 from diagnose.cli.version import package_version
+from diagnose.core.shown import shown
 
 __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_VERDICTS",
            "DEBUG_VAR", "SUBCOMMANDS", "build_parser", "main"]
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_HEALTHY
         return args.run(args)
     except UsageError as error:
-        print(f"diag: error: {error}", file=sys.stderr)
+        print(f"diag: error: {shown(str(error))}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:                  # the reader went away (diag ... | head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:               # a bug of diag's own: never read as verdicts
         if os.environ.get(DEBUG_VAR):
             traceback.print_exc()
-        print(f"diag: internal error: {type(error).__name__}: {error} (a bug in diag: please "
+        print(f"diag: internal error: {type(error).__name__}: {shown(str(error))} (a bug in "
+              f"diag: please "
               f"report it, with the traceback {DEBUG_VAR}=1 shows)", file=sys.stderr)
         return EXIT_INTERNAL

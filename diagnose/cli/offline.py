@@ -7,6 +7,7 @@ import sys
 from diagnose.cli.common import (EXIT_ERROR, EXIT_HEALTHY, EXIT_VERDICTS, UsageError,
                                  add_command, add_output, emit_json)
 from diagnose.core import schema
+from diagnose.core.shown import shown
 
 
 def add_logs(commands) -> None:
@@ -28,7 +29,7 @@ def logs_command(args) -> int:
 
     report = scan_files(args.files)
     for error in report.errors:
-        print(f"diag: {error}", file=sys.stderr)
+        print(f"diag: {shown(error)}", file=sys.stderr)
     if not report.files:
         raise UsageError("no log file could be read")
     emit_json(schema.Document.LOGS, {"files": report.files, "findings": to_json(report.findings),

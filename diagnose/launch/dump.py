@@ -14,6 +14,7 @@ from rich.tree import Tree
 
 from diagnose.core.frames import is_native
 from diagnose.core.schema import Document, stamped
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import py_spy_dump
@@ -69,18 +70,18 @@ def render_dump(body: dict, console: Console | None = None) -> None:
             source, threads = "py-spy --native" if body["native"] else "py-spy", spied
         else:
             source, threads = "probe", body["stacks"][name]
-        console.print(_tree(f"[bold]{_title(name)}[/] ({source})", threads))
-    console.print(f"[dim]written to {body['path']}[/]")
+        console.print(_tree(Text.assemble((_title(name), "bold"), f" ({source})"), threads))
+    console.print(Text(f"written to {shown(body['path'])}", style="dim"))
     for note in body["notes"]:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(Text(f"note: {shown(note)}", style="dim"))
 
 
-def _tree(title: str, threads: dict[str, list[str]]) -> Tree:
+def _tree(title: Text, threads: dict[str, list[str]]) -> Tree:
     tree = Tree(title)
     for thread, frames in threads.items():
-        branch = tree.add(thread)
+        branch = tree.add(Text(shown(thread)))
         for frame in frames:
-            branch.add(Text(frame, style=NATIVE_STYLE) if is_native(frame) else Text(frame))
+            branch.add(Text(shown(frame), style=NATIVE_STYLE if is_native(frame) else ""))
     return tree
 
 

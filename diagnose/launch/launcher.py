@@ -31,6 +31,7 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core import schema
 from diagnose.core.schema import Document
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS, VerdictKind
 from diagnose.launch import claim, first_failure, flight
@@ -177,7 +178,7 @@ class Launcher:
         if removed:
             note = (f"removed {len(removed)} shared-memory file(s) the job left in /dev/shm: "
                     f"{', '.join(removed)}")
-            print(f"diag: {note}", file=sys.stderr)
+            print(f"diag: {shown(note)}", file=sys.stderr)
             self.notes.append(note)
             if os.path.exists(self.report_path):
                 self.add_to_report(notes=self.notes)

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from diagnose.core.shown import shown
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.launch.output import to_stderr
@@ -117,7 +119,7 @@ def _print_unprobed_end(launcher: Launcher) -> None:
 
 def _print_lines(lines: list[str]) -> None:
     for line in lines or ["(it printed nothing)"]:
-        print(f"  | {line}", file=sys.stderr)
+        print(f"  | {shown(line)}", file=sys.stderr)
 
 
 def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
@@ -162,7 +164,8 @@ def _print_after_tui(launcher: Launcher) -> None:
               file=sys.stderr)
         _print_lines(launcher.output.last_lines())
     if launcher.output.servers and running and not launcher.stopping:
-        print(f"diag: the command runs on; its server: {', '.join(launcher.output.servers)}",
+        print(f"diag: the command runs on; its server: "
+              f"{shown(', '.join(launcher.output.servers))}",
               file=sys.stderr)
 
 

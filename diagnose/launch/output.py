@@ -13,6 +13,7 @@ from collections import deque
 from typing import Callable
 
 from diagnose.core.output import OUTPUT_LOG, addresses
+from diagnose.core.shown import shown
 
 TAIL_LINES = 200
 LAST_LINES = 10          # what the end of a run shows of the output
@@ -57,8 +58,9 @@ class CommandOutput:
 
     def say(self, text: str, echo: bool = True) -> None:
         """One line of diag's own, into the output where it happens: output.log, and
-        the terminal unless `echo` is False (a view that shows it already)."""
-        self._write(f"{DIAG_PREFIX}{text}\n".encode(), self.echo if echo else None)
+        the terminal unless `echo` is False (a view that shows it already). What
+        it quotes of the ranks' files is escaped."""
+        self._write(f"{DIAG_PREFIX}{shown(text)}\n".encode(), self.echo if echo else None)
 
     def _write(self, line: bytes, echo) -> None:
         with self.lock:

@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from diagnose.core.shown import shown
 from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
 from diagnose.core.vocab import Mention, RankStatus, VerdictKind
 from diagnose.offline.console import fills_screen, output_console
@@ -101,9 +102,9 @@ def render(snapshot: Snapshot, verdicts: list[Verdict], console: Console | None 
     console = console or output_console()
     console.print(renderable(snapshot, verdicts, rows, expand=fills_screen(console)))
     if caption:
-        console.print(Text(caption, style="dim"))
+        console.print(Text(shown(caption), style="dim"))
     for note in notes or []:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(Text(f"note: {shown(note)}", style="dim"))
 
 
 def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict]) -> Group | Text:
@@ -121,30 +122,37 @@ def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict]) -> Group | Text:
 
 
 def summary_text(verdict: Verdict, styles: dict[Mention, object]) -> Text:
-    """The verdict's sentence, its culprit and the processes waiting on it styled."""
-    text = Text(verdict.summary)
-    for span in verdict.spans:
-        text.stylize(styles[span.mention], span.start, span.end)
-    return text
+    """The verdict's sentence, its culprit and the processes waiting on it
+    styled; what it quotes of the ranks' files is escaped piece by piece, so
+    that the styles stay on their words."""
+    summary, text, at = verdict.summary, Text(), 0
+    for span in sorted(verdict.spans, key=lambda span: span.start):
+        if span.start < at:
+            continue
+        text.append(shown(summary[at:span.start]))
+        text.append(shown(summary[span.start:span.end]), style=styles[span.mention])
+        at = span.end
+    return text.append(shown(summary[at:]))
 
 
 def _rank_table(rows: list[RankRow], expand: bool) -> Table:
     """One line per rank; columns no rank has a value for are left out. Filling
     the screen, the frame column gives way to the others, cut to `…`."""
-    cells = [[str(row.rank), row.stage, row.state, row.phase or "",
+    cells = [[str(row.rank), row.stage, row.state, shown(row.phase or ""),
               "" if row.step is None else str(row.step), f"{row.heartbeat_age_s:.1f}s",
-              row.last_collective, row.frame] for row in rows]
+              shown(row.last_collective), shown(row.frame)] for row in rows]
     headers = ("rank", "pp/tp", "state", "phase", "step", "hb age", "last collective", "frame")
-    shown = [index for index in range(len(headers)) if any(cell[index] for cell in cells)]
+    columns = [index for index in range(len(headers)) if any(cell[index] for cell in cells)]
     table = Table(show_edge=False, pad_edge=False, expand=expand)
-    for index in shown:
+    for index in columns:
         flexible = expand and headers[index] == "frame"
         table.add_column(headers[index], no_wrap=True, overflow="ellipsis",
                          ratio=1 if flexible else None)
     styles = {RankStatus.CULPRIT: CULPRIT_STYLE, RankStatus.VICTIM: VICTIM_STYLE,
               RankStatus.DEAD: "red", RankStatus.EXITED: "dim", RankStatus.ENDED: "dim"}
     for row, cell in zip(rows, cells):
-        table.add_row(*[cell[index] or "-" for index in shown], style=styles.get(row.state))
+        table.add_row(*[Text(cell[index] or "-") for index in columns],
+                      style=styles.get(row.state))
     return table
 
 
@@ -175,8 +183,8 @@ def cuda_error_table(body: dict, expand: bool = True) -> Table:
     """--relaunch-on-cuda-error: where the CUDA error surfaced in the first run,
     beside where it was raised with CUDA_LAUNCH_BLOCKING=1 on the rank."""
     first, blocking = body["first_run"], body["launch_blocking_run"]
-    kernel = f": kernel {body['kernel']}" if body["kernel"] else ""
-    table = Table(title=f"CUDA error on rank {body['rank']}{kernel}", show_edge=False,
+    kernel = f": kernel {shown(body['kernel'])}" if body["kernel"] else ""
+    table = Table(title=Text(f"CUDA error on rank {body['rank']}{kernel}"), show_edge=False,
                   expand=expand, title_style="bold red")
     table.add_column("", style="bold", no_wrap=True)
     table.add_column("first run: where it surfaced", ratio=1)
@@ -184,12 +192,15 @@ def cuda_error_table(body: dict, expand: bool = True) -> Table:
                      ratio=1)
     for label, key in (("error", "error"), ("call site", "site"), ("code", "code"),
                        ("seen in", "source")):
-        table.add_row(label, Text(first[key] or "-"), Text(blocking[key] or "-"))
-    table.add_row("stack", Text("\n".join(first["frames"][-CUDA_ERROR_FRAMES:]) or "-"),
-                  Text("\n".join(blocking["frames"][-CUDA_ERROR_FRAMES:]) or "-"))
+        table.add_row(label, Text(shown(first[key] or "-")), Text(shown(blocking[key] or "-")))
+    table.add_row("stack", Text(_frames(first) or "-"), Text(_frames(blocking) or "-"))
     if body["device_assert"]:
-        table.caption = Text(body["device_assert"])
+        table.caption = Text(shown(body["device_assert"]))
     return table
+
+
+def _frames(run: dict) -> str:
+    return "\n".join(shown(frame) for frame in run["frames"][-CUDA_ERROR_FRAMES:])
 
 
 def render_cuda_error(body: dict, console: Console | None = None) -> None:

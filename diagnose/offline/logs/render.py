@@ -16,6 +16,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.text import Text
 
+from diagnose.core.shown import shown
 from diagnose.offline.console import output_console
 from diagnose.offline.logs.model import Finding, Severity
 
@@ -31,7 +32,7 @@ def to_json(findings: list[Finding]) -> list[dict]:
 def render(findings: list[Finding], files: list[str], dropped: int = 0,
            console: Console | None = None) -> None:
     console = console or output_console(highlight=False)
-    names = ", ".join(os.path.basename(path) for path in files)
+    names = ", ".join(shown(os.path.basename(path)) for path in files)
     console.print(Text(f"diag logs: {names}", style="bold"))
     if not any(finding.severity != Severity.NOTE for finding in findings):
         console.print(Text("no failure found", style="green"))
@@ -50,7 +51,7 @@ def render(findings: list[Finding], files: list[str], dropped: int = 0,
             console.print(Text(f"  … {len(finding.chain) - MAX_LINKS} more (see --json)",
                                style="dim"))
         if finding.advice:
-            console.print(Text(f"  {finding.advice}", style="italic"))
+            console.print(Text(f"  {shown(finding.advice)}", style="italic"))
     if dropped:
         console.print(Text(f"({dropped} further events not kept: more than the distinct "
                            f"findings diag logs holds)", style="dim"))
@@ -64,17 +65,17 @@ def _headline(label: str, finding: Finding) -> Text:
 
 def _counted(finding: Finding) -> str:
     if finding.count <= 1:
-        return finding.summary
+        return shown(finding.summary)
     span = (f", {finding.first} to {finding.last}" if finding.first and finding.last
             and finding.first != finding.last else "")
-    return f"{finding.summary} [{finding.count} times{span}]"
+    return shown(f"{finding.summary} [{finding.count} times{span}]")
 
 
 def _when(finding: Finding) -> str:
-    return finding.first or ""
+    return shown(finding.first or "")
 
 
 def _where(finding: Finding) -> str:
     if not finding.path:
         return ""
-    return f"  {os.path.basename(finding.path)}:{finding.line}"
+    return f"  {shown(os.path.basename(finding.path))}:{finding.line}"
