@@ -1,0 +1,52 @@
+"""The tests' own vLLM fault plugin (tests/vllm_env/faultplugin), without vLLM:
+its spec, and that the wrapper fires on the chosen rank at the chosen call only.
+A plugin that fired at the wrong call would make every vLLM test of issue #24
+test something else."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "vllm_env" / "faultplugin"))
+import hs_test_faults  # noqa: E402
+from hs_test_faults import Fault, parse  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+class Worker:
+    """What the wrapper reads of vLLM's Worker: its global rank."""
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def execute_model(self, output):
+        return f"ran {output}"
+
+
+def test_a_spec_of_several_faults_is_read_whole():
+    assert parse("rank=1,call=3,kind=sleep;rank=2,call=30,kind=assert,seconds=5") == [
+        Fault(1, 3, "sleep"), Fault(2, 30, "assert", 5.0)]
+
+
+@pytest.mark.parametrize("spec", ["rank=1,call=3", "rank=1,call=3,kind=explode", "call=3,kind=raise"])
+def test_a_malformed_spec_is_named(spec):
+    with pytest.raises(ValueError, match="HS_TEST_FAULT"):
+        parse(spec)
+
+
+def test_it_raises_on_its_rank_at_its_call_and_nowhere_else(monkeypatch):
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    execute = hs_test_faults._with_faults(Worker.execute_model, parse("rank=1,call=3,kind=raise"))
+    assert [execute(Worker(1), step) for step in (1, 2)] == ["ran 1", "ran 2"]
+    with pytest.raises(RuntimeError, match="rank 1 raised at call 3"):
+        execute(Worker(1), 3)
+    assert execute(Worker(1), 4) == "ran 4"
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    assert [execute(Worker(0), step) for step in (1, 2, 3)] == ["ran 1", "ran 2", "ran 3"]
+
+
+def test_it_is_inert_without_its_variable(monkeypatch):
+    monkeypatch.delenv(hs_test_faults.VAR, raising=False)
+    hs_test_faults.register()   # no vLLM here: it must return before importing it
