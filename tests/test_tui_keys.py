@@ -11,8 +11,8 @@ import pytest
 from diagnose.analysis import analyze
 from diagnose.core.vocab import Phase
 from synthetic import Job
-from test_tui import (SIZE, TP, PP, RecordingController, SyntheticSource, rank6_never_reached,
-                      screen_text, started)
+from test_tui import (SIZE, TP, PP, RecordingController, SyntheticSource, offered,
+                      rank6_never_reached, screen_text, started)
 from tui.app import DiagApp
 from tui.grid_model import DEAD, EXITED, build_grid
 from tui.help_screen import HelpScreen
@@ -122,9 +122,11 @@ async def test_q_on_a_job_that_is_over_quits_without_asking():
         text = screen_text(app)
         assert text.count("  EXITED") == TP * PP and "DEAD" not in text
         assert "after sample · step 2" in text and "command exited 0" in text
+        keys = offered(app)
+        for key in ("Restart", "Launch-blocking", "py-spy", "native", "Dump all"):
+            assert key not in keys          # none of them can act on a job that is over
+        assert {"Help", "Detail", "Quit"} <= keys
         await pilot.press("r", "b")
-        assert [n.message for n in app._notifications] == [
-            "the job is over: the command exited 0"] * 2
         await pilot.press("q")
         await pilot.pause()
         assert not isinstance(app.screen, QuitScreen) and not app.is_running

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from diagnose.core.snapshot import Snapshot
-from test_tui import SIZE, SyntheticSource, rank6_never_reached, screen_text, started, until
+from test_tui import (SIZE, SyntheticSource, offered, rank6_never_reached, screen_text, started,
+                      until)
 from tui.app import DiagApp
 from tui.output_pane import OutputPane
 from tui.status import no_ranks_text
@@ -42,9 +43,13 @@ async def test_before_the_first_rank_it_says_it_waits_not_that_no_rank_matches()
         await until(pilot, lambda: "▸rank 6  CULPRIT" in screen_text(app))
 
 
-def test_the_wait_counts_seconds_from_the_tui_start():
-    assert no_ranks_text(Snapshot(107.2, "/run", {}), started_at=100.0) == (
-        "waiting for the job's ranks to start (7 s)")
+def test_the_wait_counts_seconds_from_the_tui_start_and_names_the_command():
+    said = no_ranks_text(Snapshot(107.2, "/run", {}), started_at=100.0,
+                         command=["python", "-m", "engine", "generate", "--prompt", "hi there"])
+    first, second = said.split("\n")
+    assert first == "the command: python -m engine generate --prompt 'hi there'"
+    assert second.startswith("waiting for the job's ranks to start (7 s): for a process to start "
+                             "the probe")
 
 
 @pytest.mark.anyio
@@ -80,14 +85,14 @@ async def test_the_output_pane_shows_the_command_output_and_the_status_its_serve
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("output, says", [(None, "the run dir has no output of the command"),
-                                          ("", "the command has printed nothing yet")])
-async def test_no_output_pane_before_the_command_printed_anything(tmp_path, output, says):
+@pytest.mark.parametrize("output", [None, ""])
+async def test_no_output_pane_nor_its_key_before_the_command_printed_anything(tmp_path, output):
     if output is not None:
         (tmp_path / "output.log").write_text(output)
     app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
-    async with app.run_test(size=SIZE, notifications=True) as pilot:
+    async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         assert not app.query_one(OutputPane).display
+        assert "Output" not in offered(app)      # the footer offers no key that cannot act
         await pilot.press("o")
-        assert any(says in n.message for n in app._notifications)
+        assert not app.query_one(OutputPane).display

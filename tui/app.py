@@ -25,11 +25,11 @@ from tui.output_pane import OutputPane
 from tui.quit_screen import STOP, QuitScreen
 from tui.rank_detail import RankDetail, RankView, stack_lines
 from tui.rank_grid import RankGrid
-from tui.status import no_ranks_text, status_text
+from tui.status import as_shown, no_ranks_text, status_text
 from tui.verdict_bar import VerdictBar
 
 POLL_INTERVAL_S = 0.25
-NO_CONTROLLER = "attached read-only: b and r work when the TUI runs under `diag launch --tui`"
+SMALL_HEIGHT = 40       # rows: below it the output pane takes less, the culprit's stack more
 QUIT_HELP = "quit; while diag launch runs the job, first asks: stop it, or leave it running?"
 
 
@@ -40,6 +40,8 @@ class Source(Protocol):
     def verdicts(self, snapshot: Snapshot) -> list[Verdict]: ...
     def request_dump(self) -> list[str]: ...
     def py_spy(self, pid: int, native: bool): ...
+    def command(self) -> list[str] | None: ...
+    live: bool      # its ranks may still run (not dumps read once)
 
 
 class Controller(Protocol):
@@ -55,8 +57,9 @@ class DiagApp(App):
     ENABLE_COMMAND_PALETTE = False  # its "quit" would not ask about the job
     BINDINGS = [
         Binding(HELP_KEYS, "help", "Help", tooltip="this list of keys"),
-        Binding("enter", "focus_detail", "Detail",
-                tooltip="into the selected rank's detail: phases, collectives, stack, log"),
+        Binding("enter", "detail", "Detail",
+                tooltip="the selected rank's detail (stack, phases, collectives, log) on the "
+                        "whole width, and back"),
         Binding("escape", "focus_grid", "Grid", show=False,
                 tooltip="back to the grid (and away from the filter)"),
         Binding("s", "py_spy(False)", "py-spy", tooltip="py-spy dump of the selected rank's stacks"),
@@ -89,6 +92,8 @@ class DiagApp(App):
         self.spy_stacks: dict[int, tuple[str, list[str]]] = {}
         self.culprit_was_named = False
         self.started_at = time.time()
+        self.command = source.command()
+        self.acting: tuple | None = None   # what decided the keys offered last
 
     def notify(self, message: str, **options) -> None:
         """Every notification: what it quotes of the run's files is escaped, and
@@ -109,8 +114,13 @@ class DiagApp(App):
 
     def on_mount(self) -> None:
         self.query_one(RankGrid).focus()
+        self.query_one(RankGrid).no_ranks = no_ranks_text(
+            Snapshot(time.time(), self.source.run_dir, {}), self.started_at, self.command)
         self.poll()
         self.set_interval(POLL_INTERVAL_S, self.poll)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < SMALL_HEIGHT, "-small")
 
     # -- reading the source, off the UI thread
 
@@ -123,6 +133,7 @@ class DiagApp(App):
     def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
         snapshot = self.source.snapshot()
         verdicts = self.source.verdicts(snapshot)
+        snapshot = as_shown(snapshot)
         log = read_log_tail(snapshot.run_dir, rank) if rank is not None else None
         return snapshot, verdicts, log, read_output_tail(snapshot.run_dir)
 
@@ -152,6 +163,10 @@ class DiagApp(App):
 
     def watch_snapshot(self) -> None:
         self.show()
+        acting = (self.job_over, self.query_one(OutputPane).has_lines)
+        if acting != self.acting:   # the footer is built again only when its keys change
+            self.acting = acting
+            self.refresh_bindings()
 
     def watch_query_text(self) -> None:
         self.show()
@@ -171,7 +186,7 @@ class DiagApp(App):
             return
         model = build_grid(self.snapshot, self.verdicts, self.query_text)
         grid = self.query_one(RankGrid)
-        grid.no_ranks = no_ranks_text(self.snapshot, self.started_at)
+        grid.no_ranks = no_ranks_text(self.snapshot, self.started_at, self.command)
         grid.model = model
         culprit_named = any(verdict.culprit_ranks for verdict in self.verdicts)
         if (not any(grid.selected in ranks for ranks in model.selectable_rows())
@@ -224,19 +239,30 @@ class DiagApp(App):
 
     def action_toggle_output(self) -> None:
         pane = self.query_one(OutputPane)
-        if pane.tail is None or pane.tail.name is None:
-            self.notify("the run dir has no output of the command (diag launch writes it)")
-        elif not pane.tail.lines:
-            self.notify("the command has printed nothing yet")
-        else:
-            pane.hidden = not pane.hidden
+        pane.hidden = not pane.hidden
 
-    def action_focus_detail(self) -> None:
-        self.query_one(RankDetail).focus()
+    def action_detail(self) -> None:
+        main = self.query_one("#main")
+        if main.has_class("-detail"):
+            self.action_focus_grid()
+        else:
+            main.add_class("-detail")
+            self.query_one(RankDetail).focus()
 
     def action_focus_grid(self) -> None:
+        self.query_one("#main").remove_class("-detail")
         self.query_one("#filter", Input).display = False
         self.query_one(RankGrid).focus()
+
+    def check_action(self, action: str, parameters: tuple) -> bool:
+        """Only the keys that can act are offered (the footer shows no others)."""
+        if action in ("toggle_blocking", "restart"):
+            return self.controller is not None and not self.job_over
+        if action in ("py_spy", "dump"):
+            return self.source.live and not self.job_over
+        if action == "toggle_output":
+            return self.query_one(OutputPane).has_lines
+        return True
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -271,27 +297,17 @@ class DiagApp(App):
         message = "\n".join(["no stacks from:", *missing]) if missing else "every live rank dumped its stacks"
         self.call_from_thread(self.notify, message, severity="warning" if missing else "information")
 
-    def may_act(self) -> bool:
-        """Whether the job is there to act on; if not, the TUI says why."""
-        if self.controller is None:
-            self.notify(NO_CONTROLLER, severity="warning")
-        elif self.job_over:
-            self.notify(f"the job is over: the command exited {self.snapshot.command_exit}",
-                        severity="warning")
-        return self.controller is not None and not self.job_over
-
     def action_toggle_blocking(self) -> None:
         rank = self.selected_rank
-        if self.may_act() and rank is not None:
+        if rank is not None:
             on = self.controller.toggle_launch_blocking(rank)
             self.blocking = self.blocking | {rank} if on else self.blocking - {rank}
             self.notify(f"CUDA_LAUNCH_BLOCKING={int(on)} for rank {rank} at the next restart (r)")
 
     def action_restart(self) -> None:
-        if self.may_act():
-            self.notify("restarting the command…")
-            self.spy_stacks.clear()
-            self.run_controller(self.controller.restart)
+        self.notify("restarting the command…")
+        self.spy_stacks.clear()
+        self.run_controller(self.controller.restart)
 
     @work(thread=True, group="controller", exit_on_error=False)
     def run_controller(self, call) -> None:

@@ -34,5 +34,9 @@ class OutputPane(VerticalScroll):
         self.display = self.shown
 
     @property
+    def has_lines(self) -> bool:
+        return self.tail is not None and bool(self.tail.lines)
+
+    @property
     def shown(self) -> bool:
-        return not self.hidden and self.tail is not None and bool(self.tail.lines)
+        return not self.hidden and self.has_lines

@@ -1,4 +1,4 @@
-"""The selected rank's evidence: its phase timeline, recent collectives, stack and log tail."""
+"""The selected rank's evidence: its stack, phase timeline, recent collectives and log tail."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -77,9 +77,9 @@ class RankDetail(VerticalScroll, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-header")
+        yield Static(id="detail-stack", classes="detail-section")   # first: where it is stuck
         yield Static(id="detail-timeline", classes="detail-section")
         yield Static(id="detail-collectives", classes="detail-section")
-        yield Static(id="detail-stack", classes="detail-section")
         yield Static(id="detail-log", classes="detail-section")
 
     def on_mount(self) -> None:
@@ -95,17 +95,23 @@ class RankDetail(VerticalScroll, can_focus=True):
         self.query_one("#detail-timeline", Static).update(_safe(timeline_text(view)))
         self.query_one("#detail-collectives", Static).update(_safe(collectives_text(view)))
         stack = self.query_one("#detail-stack", Static)
-        stack.border_title = f"stack ({view.stack_source})"
+        stack.border_title = f"stack ({view.stack_source}) · innermost first"
         stack.update(_safe("\n".join(view.stack)))
         log = self.query_one("#detail-log", Static)
         log.border_title = f"log ({shown(view.log_name)})" if view.log_name else "log"
         log.update(_safe(log_text(view)))
 
 
+MAIN_THREAD = "MainThread"
+PROBE_THREAD = "diag-heartbeat"
+
+
 def stack_lines(stacks: dict[str, list[str]]) -> list[str]:
-    """Thread by thread, outermost frame first, as a traceback reads."""
-    return [line for name, frames in stacks.items()
-            for line in (f"thread {name}", *(f"  {frame}" for frame in frames))]
+    """Thread by thread, the main thread first and diag's own last, innermost frame
+    first (as py-spy prints them): the frame a rank is stuck in is the top line."""
+    order = sorted(stacks, key=lambda name: (name != MAIN_THREAD, name == PROBE_THREAD))
+    return [line for name in order
+            for line in (f"thread {name}", *(f"  {frame}" for frame in reversed(stacks[name])))]
 
 
 def _safe(text: str) -> Text:

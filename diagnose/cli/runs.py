@@ -3,6 +3,7 @@ stacks now), diag tui (watch it), diag demo (a run of its own to watch)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from diagnose.cli.common import (EXIT_HEALTHY, UsageError, add_command, add_output, emit_json,
                                  open_source)
@@ -44,8 +45,10 @@ def add_tui(commands) -> None:
 
 
 def tui_command(args) -> int:
+    source = open_source(args.run_dir)
+    print(f"diag: opening the TUI on {args.run_dir}…", file=sys.stderr, flush=True)
     from tui.app import DiagApp
-    DiagApp(open_source(args.run_dir)).run()
+    DiagApp(source).run()
     return EXIT_HEALTHY
 
 

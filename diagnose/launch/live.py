@@ -4,6 +4,7 @@ output above it, or the output and each verdict once as it appears; and the
 report at the end."""
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import threading
@@ -124,9 +125,8 @@ def _print_lines(lines: list[str]) -> None:
 
 def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
     """The launcher watches in a thread; the TUI shows what it last saw. Quitting
-    the TUI either stops the run or leaves it to finish under the plain view."""
-    from tui.app import DiagApp
-
+    the TUI either stops the run or leaves it to finish under the plain view. The
+    job starts first, and a line says so while the TUI loads (a second or more)."""
     launcher.output.echo = None
     result: dict[str, Outcome | Exception] = {}
 
@@ -138,6 +138,9 @@ def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    print(f"diag: running {shlex.join(launcher.opts.command)}; opening the TUI on "
+          f"{launcher.opts.run_dir}…", file=sys.stderr, flush=True)
+    from tui.app import DiagApp
     app = DiagApp(LauncherSource(launcher), controller=TuiController(launcher))
     with stopping_on_signals(launcher, then=app.exit):
         app.run()

@@ -30,9 +30,14 @@ class RunDirError(Exception):
 class Source:
     """What the TUI and `diag analyze` read; subclasses say where it comes from."""
     post_mortem = False      # every wait counts as a hang (dumps of a job already stuck)
+    live = True              # its ranks may still run: py-spy and a stacks dump may act
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
+
+    def command(self) -> list[str] | None:
+        """What diag launch ran, where it is known."""
+        return None
 
     @property
     def group_names(self) -> dict[str, set[str]]:
@@ -74,11 +79,22 @@ class RunDirSource(Source):
     def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
         return analyze(snapshot, thresholds)
 
+    def command(self) -> list[str] | None:
+        try:
+            body = read_version(Document.LAUNCH, json.loads(
+                read_small(os.path.join(self.run_dir, Document.LAUNCH), MAX_LAUNCH_BYTES)))
+        except (OSError, ValueError):
+            return None
+        command = body.get("command")
+        return command if isinstance(command, list) and all(
+            isinstance(part, str) for part in command) else None
+
 
 class DumpSource(Source):
     """Flight Recorder dumps: written once a job is already stuck, so every wait
     in them counts as a hang unless a stall limit says otherwise."""
     post_mortem = True
+    live = False
 
     def __init__(self, path: str, snapshot: Snapshot, notes: list[str],
                  group_names: dict[str, set[str]] | None = None):
@@ -117,6 +133,7 @@ class SnapshotSource(DumpSource):
 
 
 MAX_SNAPSHOT_BYTES = 256 << 20
+MAX_LAUNCH_BYTES = 1 << 20
 
 
 def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
@@ -195,6 +212,9 @@ class LauncherSource(Source):
 
     def snapshot(self) -> Snapshot:
         return self.launcher.snapshot or Snapshot(time.time(), self.run_dir, {})
+
+    def command(self) -> list[str] | None:
+        return self.launcher.opts.command
 
     def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
         return self.launcher.verdicts
