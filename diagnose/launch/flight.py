@@ -29,10 +29,20 @@ def fr_env(run_dir: str, env: dict[str, str]) -> dict[str, str]:
     ring size the user chose is kept; where the dumps and pipes go is diag's."""
     directory = os.path.join(os.path.abspath(run_dir), FR_DIR)
     os.makedirs(directory, exist_ok=True)
+    _clear(directory)
     added = {var: env.get(var) or BUFFER_ENTRIES for var in BUFFER_VARS}
     added |= {var: os.path.join(directory, DUMP_PREFIX) for var in DUMP_VARS}
     added[PIPE_VAR] = os.path.join(directory, PIPE_PREFIX)
     return added
+
+
+def _clear(directory: str) -> None:
+    """An earlier run's dumps and pipes (this run dir is diag's: claim.py)."""
+    for name in os.listdir(directory):
+        if name.startswith((DUMP_PREFIX, PIPE_PREFIX)):
+            path = os.path.join(directory, name)
+            if stat.S_ISREG(os.lstat(path).st_mode) or stat.S_ISFIFO(os.lstat(path).st_mode):
+                os.remove(path)
 
 
 def ask_nccl_ranks(run_dir: str) -> tuple[dict[int, float], list[str]]:
