@@ -51,10 +51,12 @@ from __future__ import annotations
 
 from diagnose.analysis.causes import fold_consequences
 from diagnose.analysis.collectives import skipped_collective_verdicts, skipped_p2p_verdicts
+from diagnose.analysis.compiling import compile_limit_verdicts, compiling_ranks
 from diagnose.analysis.dead import dead_verdicts, node_lost_verdicts, unreadable_verdicts
 from diagnose.analysis.device import gpu_work_verdicts
 from diagnose.analysis.graph import wait_for_graph
 from diagnose.analysis.mismatch import mismatch_verdicts
+from diagnose.analysis.raised import raised_verdicts
 from diagnose.analysis.roots import root_verdicts
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
@@ -74,6 +76,13 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
 
 def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     view = View(snapshot)
+    compiling = compiling_ranks(view)
+    if compiling:
+        # Compiling is progress: while a rank compiles, nothing is a hang but a
+        # compile past its limit; a death is still a death.
+        graph = wait_for_graph(view)
+        return (dead_verdicts(view, graph)
+                + compile_limit_verdicts(view, graph, compiling, thresholds.compile_s))
     ends = [death.at for death in view.deaths.values()] + shutdown_starts(snapshot)
     if ends:
         # A job that hung and was then stopped: the hang, seen as it stood just
@@ -86,20 +95,27 @@ def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
         if hangs:
             return hangs
     limits = StallLimits(snapshot, thresholds)
-    verdicts = dead_verdicts(view, wait_for_graph(view)) + hang_verdicts(view, limits)
+    graph = wait_for_graph(view)
+    raised = raised_verdicts(view, graph, limits)
+    verdicts = raised + dead_verdicts(view, graph) + hang_verdicts(view, limits, raised)
     return verdicts + straggler_verdicts(view, thresholds)
 
 
-def hang_verdicts(view: View, limits: StallLimits) -> list[Verdict]:
+def hang_verdicts(view: View, limits: StallLimits,
+                  raised: list[Verdict] | None = None) -> list[Verdict]:
+    """The hangs; the job's first exception among them unless `raised` holds it
+    already (then it only counts as named)."""
     graph = wait_for_graph(view)
+    first = raised_verdicts(view, graph, limits) if raised is None else []
     verdicts = mismatch_verdicts(view)
     verdicts += skipped_collective_verdicts(view, graph, limits)
     verdicts += skipped_p2p_verdicts(view, graph, limits, verdicts)
-    named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    named = {rank for verdict in first + (raised or []) + verdicts
+             for rank in verdict.culprit_ranks}
     verdicts += gpu_work_verdicts(view, graph, limits, named)
-    named = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
+    named |= {rank for verdict in verdicts for rank in verdict.culprit_ranks}
     verdicts += root_verdicts(view, _explained(graph, named), limits, named)
-    return verdicts + unreadable_verdicts(view, graph, limits)
+    return first + verdicts + unreadable_verdicts(view, graph, limits)
 
 
 def _explained(graph: dict[Node, set[Node]], named: set[int]) -> dict[Node, set[Node]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from diagnose.analysis.doing import not_waiting, waits_on_peers
 from diagnose.analysis.position import (entered_step, innermost, milestone, open_step,
                                         tp_peers)
 from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, gpu_behind, unfinished
@@ -48,13 +49,33 @@ def unseen_waits(view: View, rank: int, state: RankState) -> set[Node]:
     peers = tp_peers(view, rank)
     step = open_step(state)
     if step is not None:
-        return {peer for peer in peers if entered_step(view.ranks[peer]) < step}
+        behind = {peer for peer in peers if entered_step(view.ranks[peer]) < step}
+        return behind | _same_step_waits(view, state, step, peers)
     phase = innermost(state)
     if phase is None or phase.name not in STARTUP_PHASES:
         return set()
     mine = MILESTONES.index(phase.name)
     return {peer for peer in peers if milestone(view.ranks[peer]) < mine
             or _inside(view.ranks[peer], phase.name)}
+
+
+def _same_step_waits(view: View, state: RankState, step: int, peers: list[int]) -> set[Node]:
+    """Peers that began the rank's step too, yet leave it waiting: one that left the
+    step by an exception, and, where the rank is seen waiting in a collective (or
+    on its GPU), one seen inside the step doing something else (running, sleeping,
+    compiling). Where what they do is not known, positions alone decide."""
+    same = [peer for peer in peers if entered_step(view.ranks[peer]) == step]
+    raised = {peer for peer in same if left_by_error(view.ranks[peer], step)}
+    if not waits_on_peers(state):
+        return raised
+    return raised | {peer for peer in same if open_step(view.ranks[peer]) == step
+                     and not_waiting(view.ranks[peer])}
+
+
+def left_by_error(state: RankState, step: int) -> bool:
+    """The rank left execute_model step `step` by an exception."""
+    error = state.error
+    return error is not None and error.step == step and open_step(state) != step
 
 
 def _inside(state: RankState, name: str) -> bool:

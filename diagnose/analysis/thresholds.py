@@ -29,6 +29,7 @@ class Thresholds:
     floor_s: float = 2.0           # steady state: a hang is named within a few seconds
     startup_s: float = 20.0        # start-up phases and phases with no finished instance
     factor: float = 4.0            # a phase may take this many times its longest finished run
+    compile_s: float = 600.0       # a rank may compile this long before it is a verdict
 
     # Straggler: a rank's own work per step against its peers'.
     straggler_ratio: float = 3.0

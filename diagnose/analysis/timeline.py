@@ -40,7 +40,10 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
                        collectives=records,
                        worker_exits=[exit for exit in state.worker_exits if exit.at <= when],
                        device_pending=work if work and work.host_left_at <= when else None,
-                       device_done_at=done_at if done_at and done_at <= when else None)
+                       device_done_at=done_at if done_at and done_at <= when else None,
+                       activity=state.activity if state.activity
+                       and state.activity.taken_at <= when else None,
+                       error=state.error if state.error and state.error.at <= when else None)
 
     driver = state_at(snapshot.driver) if snapshot.driver is not None else None
     return replace(snapshot, taken_at=when, driver=driver, command_exit=None,

@@ -9,8 +9,9 @@ import os
 from dataclasses import asdict
 
 from diagnose.analysis.thresholds import Thresholds
-from diagnose.cli.common import (EXIT_HEALTHY, EXIT_VERDICTS, JUDGED_CODES, UsageError,
-                                 add_command, add_output, emit_json, flag_value, open_source)
+from diagnose.cli.common import (EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS, JUDGED_CODES,
+                                 UsageError, add_command, add_output, emit_json, flag_value,
+                                 open_source)
 from diagnose.core import schema
 from diagnose.core.layout import parse_ranks, rank_list
 
@@ -48,6 +49,7 @@ def add_analyze(commands) -> None:
 
 
 def analyze_command(args) -> int:
+    from diagnose.analysis.crash import crash_of
     from diagnose.offline.report import render, to_json
     from diagnose.offline.selection import Selection, SelectionError
 
@@ -61,7 +63,8 @@ def analyze_command(args) -> int:
         raise UsageError(str(error)) from None
     if args.perfetto:
         _write_perfetto(snapshot, args.perfetto)
-    body = to_json(snapshot, verdicts, rows) | {"notes": notes}
+    crash = crash_of(snapshot)
+    body = to_json(snapshot, verdicts, rows, crash) | {"notes": notes}
     if selection.narrows:
         body["shown"] = selection.to_json(rows, snapshot)
     recorded = _flight_recorder(source)
@@ -70,7 +73,7 @@ def analyze_command(args) -> int:
     emit_json(schema.Document.ANALYZE, body, args)
     if not args.json:
         render(snapshot, verdicts, notes=notes, rows=rows,
-               caption=selection.caption(rows, snapshot))
+               caption=selection.caption(rows, snapshot), crash=crash)
         if recorded is not None:
             _render_flight_recorder(recorded)
     if verdicts:
@@ -79,7 +82,7 @@ def analyze_command(args) -> int:
         raise UsageError(f"no verdict, but the run cannot be called healthy: "
                          f"{len(source.unreadable)} probe file(s) could not be read "
                          f"({source.unreadable[0]})")
-    return EXIT_HEALTHY
+    return EXIT_CRASHED if crash is not None else EXIT_HEALTHY
 
 
 def _flight_recorder(source) -> dict | None:

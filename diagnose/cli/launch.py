@@ -3,6 +3,7 @@ it, and name the culprit when it hangs."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.cli.common import UsageError, add_command, flag_value
@@ -42,6 +43,16 @@ def _launch_thresholds(text: str) -> Thresholds:
     return thresholds
 
 
+def _compile_limit(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"--compile-limit must be seconds > 0, not {text!r}")
+    return seconds
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}")
@@ -61,6 +72,10 @@ def _launch_options(parser) -> None:
       type=flag_value("--stall-timeout", _launch_thresholds, keep_text=False),
       help=f"seconds without progress that make a hang, at least {MIN_LAUNCH_STALL_S:g} "
            f"(default: auto, learned from the run)")
+    a("--compile-limit", default=600.0, metavar="SECONDS",
+      type=flag_value("--compile-limit", _compile_limit, keep_text=False),
+      help="a rank compiling (Dynamo, Inductor, a compiler child) is no hang for this long; "
+           "past it, a compile_too_long verdict (default: 600)")
     a("--on-hang", default="report", metavar="ACTIONS",
       type=flag_value("--on-hang", OnHang.parse),
       help="on a hang: capture stacks, Flight Recorder dumps and the report, and keep "
@@ -77,7 +92,7 @@ def _launch_options(parser) -> None:
     a("--fault", action="extend", default=[], metavar="SPEC",
       type=flag_value("--fault", parse_faults, keep_text=False),
       help="inject a fault: rank=R,at=PHASE[,step=N],kind=hang|sleep:S|crash|exit:C|"
-           "skip_collective|skip_broadcast (repeatable)")
+           "skip_collective|skip_broadcast|raise (repeatable)")
     a("-o", "--output", metavar="FILE",
       help="also write the report's JSON (report.json, docs/json.md) to FILE")
     a("--json-report", dest="output", help=argparse.SUPPRESS)   # -o's name before, kept for scripts
@@ -139,7 +154,8 @@ def _check_nodes(args) -> None:
 def _launch_options_of(args, command: list[str]):
     from diagnose.launch.launcher import LaunchOptions, default_run_dir
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
-                         thresholds=args.stall_timeout, on_hang=args.on_hang,
+                         thresholds=replace(args.stall_timeout, compile_s=args.compile_limit),
+                         on_hang=args.on_hang,
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
                          faults=args.fault, output=args.output, marks=args.mark,
                          nnodes=args.nnodes, node_rank=args.node_rank, listen=args.listen,

@@ -104,8 +104,13 @@ def stacks_file_name(rank: int | None) -> str:
 
 
 def error_file_name(rank: int | None) -> str:
-    """The exception that last left a phase of the rank (JSON)."""
+    """The first exception that left a phase of the rank (JSON)."""
     return "error-driver.json" if rank is None else f"error-{rank}.json"
+
+
+def state_file_name(rank: int) -> str:
+    """What diag launch last saw the rank do (JSON, written by the launcher)."""
+    return f"state-{rank}.json"
 
 
 def fatal_file_name(rank: int | None) -> str:

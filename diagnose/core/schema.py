@@ -19,7 +19,8 @@ class Document(Name):
     LAUNCH = "launch.json"              # what diag launch ran, with which options
     NODE = "node-N.json"                # a multi-node head's last report of node N
     STACKS = "stacks-R.json"            # a probe's stacks dump
-    ERROR = "error-R.json"              # the exception that left a phase
+    ERROR = "error-R.json"              # the first exception that left a phase
+    STATE = "state-R.json"              # diag launch's last look at what a rank does
     MARK = "marks.jsonl"                # one line per armed --mark
     SNAPSHOT = "snapshot.json"          # diag attach: the snapshot it judged
     ATTACH = "attach.json"              # diag attach: the job it found and its samples

@@ -99,6 +99,32 @@ class WorkerExit:
 
 
 @dataclass
+class ActivitySample:
+    """What a rank's main thread was doing when diag looked from outside (py-spy),
+    classified by analysis.activity (state-R.json)."""
+    activity: str                  # a vocab.Activity
+    taken_at: float
+    pid: int
+    frame: str | None = None       # the frame that decided it
+    rule: str | None = None        # the row of analysis.activity.ROWS (or "compile-child")
+    frames: list[str] = field(default_factory=list)  # the main thread, outermost first
+    native: bool = False           # the frames include native ones (py-spy --native)
+    note: str | None = None        # why not native, or why no stack at all
+    compiling_since: float | None = None  # compiling in every sample since then
+
+
+@dataclass
+class RaisedError:
+    """The first exception that left one of the rank's phases (error-R.json)."""
+    pid: int
+    at: float
+    phase: str
+    step: int | None
+    error: str                     # "RuntimeError: ..." (its last line)
+    frame: str | None              # the innermost frame of the program's own code
+
+
+@dataclass
 class RankState:
     identity: Identity
     started_at: float
@@ -118,6 +144,8 @@ class RankState:
     device_pending: DeviceWork | None = None     # the oldest step work it has not finished
     frame_moved_at: float | None = None  # when the collector last saw `frame` change; None:
                                          # not seen (a single read, a post-mortem)
+    activity: ActivitySample | None = None  # its last state sample (diag launch takes them)
+    error: RaisedError | None = None        # the first exception that left a phase
 
     @property
     def phase(self) -> PhaseEvent | None:
@@ -161,6 +189,14 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
+
+
+@dataclass
+class Crash:
+    """The first failure of a job that ended by itself after a rank failed."""
+    rank: int
+    at: float
+    summary: str            # "rank 2 (pp 1/2, tp 0) raised AssertionError: ... in execute_model"
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The names that cross rooms: the phases a rank marks, the kinds of verdict, the
-roles of a process, what a rank is doing. Each is a `str` enum, so it is written to files and JSON as
-its plain value, and a value read back compares equal to its member."""
+roles of a process, what a rank is doing. Each is a `str` enum, so it is written
+to files and JSON as its plain value, and a value read back compares equal to
+its member."""
 from __future__ import annotations
 
 from enum import Enum
@@ -49,6 +50,8 @@ class VerdictKind(Name):
     DEAD = "dead"
     NODE_LOST = "node_lost"
     STATE_UNREADABLE = "state_unreadable"
+    RAISED = "raised"                  # a phase ended in the job's first exception
+    COMPILE_TOO_LONG = "compile_too_long"  # compiling past the compile limit
     STRAGGLER = "straggler"
 
 

@@ -131,6 +131,6 @@ def clear_run_files(run_dir: str) -> None:
 
 def _is_run_file(name: str) -> bool:
     return (name.endswith(".probe")
-            or name.startswith(("stacks-", "node-", "error-", "fatal-", "hook-"))
+            or name.startswith(("stacks-", "node-", "error-", "fatal-", "hook-", "state-"))
             or name in (EXIT_FILE, Document.REPORT, Document.LAUNCH, OUTPUT_LOG, ARMED_FILE,
                          ALONE_CLAIM, NOTES_FILE))

@@ -25,7 +25,9 @@ from diagnose.core import runfile
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, NewerSchema, read_version
-from diagnose.core.snapshot import FaultRecord, Identity, RankState, Snapshot, Stop
+from diagnose.core.frames import frame_label
+from diagnose.core.snapshot import (ActivitySample, FaultRecord, Identity, RaisedError, RankState,
+                                    Snapshot, Stop)
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
 from diagnose.probe import notes as probe_notes
@@ -33,6 +35,7 @@ from diagnose.probe import notes as probe_notes
 EXIT_FILE = str(Document.EXIT)  # written by diag launch when the command ends
 EXIT_FILE_BYTES = 4096
 STACKS_FILE_BYTES = 16 << 20
+SIDE_FILE_BYTES = 1 << 20      # a state or error file
 HISTORY = 64             # records of each ring put in a snapshot (the whole ring)
 REMOTE_ALIVE_S = 2.0     # a rank on another host counts as alive while its heartbeat is this fresh
 SAME_PROCESS_S = 0.5     # create times closer than this are the same process, not pid reuse
@@ -48,6 +51,7 @@ class Collector:
         self.unreadable: list[str] = []  # the probe files among them
         self._identities: dict[tuple, Identity] = {}
         self._stacks: dict[str, tuple[int, dict | None]] = {}
+        self._side: dict[str, tuple[int, object]] = {}  # state and error files, by mtime
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
         self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
         self._frames: dict[str, tuple] = {}    # path -> (pid, frame, when it was first seen)
@@ -149,7 +153,11 @@ class Collector:
             fault=FaultRecord(data.fault_spec, data.fault_fired_at) if data.fault_spec else None,
             worker_exits=data.worker_exits,
             stacks=self._read_stacks(identity), frame_moved_at=self._frame_moved(path, data),
-            device_done_at=data.device_done_at, device_pending=data.device_pending)
+            device_done_at=data.device_done_at, device_pending=data.device_pending,
+            activity=None if identity.rank is None else self._side_file(
+                runfile.state_file_name(identity.rank), read_state_file, identity.pid),
+            error=self._side_file(runfile.error_file_name(identity.rank), read_error_file,
+                                  identity.pid))
 
     def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
         key = (path, header.pid, header.create_time, header.started_at)
@@ -187,6 +195,18 @@ class Collector:
         self._frames[path] = (data.header.pid, data.frame, moved)
         return moved
 
+    def _side_file(self, name: str, read, pid: int):
+        """read(path, pid) of a small file beside the probe's, again only when it changed."""
+        path = os.path.join(self.run_dir, name)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+        cached = self._side.get(path)
+        if cached is None or cached[0] != mtime:
+            cached = self._side[path] = (mtime, read(path, pid))
+        return cached[1]
+
     def _read_stacks(self, identity: Identity) -> dict | None:
         """The rank's last stacks dump, if this process (its pid) wrote it."""
         path = os.path.join(self.run_dir, runfile.stacks_file_name(identity.rank))
@@ -223,6 +243,33 @@ def read_stacks_file(path: str, pid: int) -> dict[str, list[str]] | None:
             for frames in threads.values()):
         return None
     return {str(name): frames for name, frames in threads.items()}
+
+
+def read_state_file(path: str, pid: int) -> ActivitySample | None:
+    """diag launch's last sample of the rank; None if missing, malformed or another pid's."""
+    try:
+        body = read_version(Document.STATE, json.loads(read_small(path, SIDE_FILE_BYTES)))
+        sample = checked(ActivitySample, body)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return sample if sample.pid == pid else None
+
+
+def read_error_file(path: str, pid: int) -> RaisedError | None:
+    """The first exception that left a phase of this process; None if missing,
+    malformed or another pid's. Files of an older probe have no `frame`: the
+    innermost frame of the traceback stands for it."""
+    try:
+        body = read_version(Document.ERROR, json.loads(read_small(path, SIDE_FILE_BYTES)))
+        frames = body["frames"]
+        frame = body.get("frame") or (frame_label(*frames[-1][:2], frames[-1][2])
+                                      if frames else None)
+        error = checked(RaisedError, {"pid": body["pid"], "at": body["at"],
+                                      "phase": body["phase"], "step": body["step"],
+                                      "error": body["error"], "frame": frame})
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+    return error if error.pid == pid else None
 
 
 def request_dump(run_dir: str, wait_s: float = 2.0) -> list[str]:

@@ -27,15 +27,17 @@ from typing import TYPE_CHECKING
 import psutil
 
 from diagnose import probe
+from diagnose.analysis.crash import crash_of
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.shown import shown
-from diagnose.core.snapshot import Snapshot, Stop, Verdict
+from diagnose.core.snapshot import Crash, Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS, VerdictKind
 from diagnose.launch import claim, first_failure, flight
 from diagnose.launch.collector import Collector, request_dump
+from diagnose.launch.states import StateSampler
 from diagnose.launch.dump import py_spy_all
 from diagnose.launch.escalate import Hook, OnHang
 from diagnose.launch.guardian import Guardian
@@ -125,6 +127,7 @@ class Launcher:
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
         self.collector = Collector(opts.run_dir)
+        self.states = StateSampler(opts.run_dir)   # what still ranks are doing (py-spy)
         self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
         self.proc: subprocess.Popen | None = None
         self.guardian: Guardian | None = None
@@ -134,6 +137,7 @@ class Launcher:
         self.echo_verdicts = False            # and on the terminal (no view shows them)
         self.snapshot: Snapshot | None = None
         self.verdicts: list[Verdict] = []
+        self.crash: Crash | None = None      # the first failure, once the job ended after it
         self.notes: list[str] = []          # the report's notes, once it is written
         self.shm = SharedMemoryTracker()    # what the job holds in /dev/shm, to clean up after
         self.next_shm_sample = 0.0
@@ -206,6 +210,8 @@ class Launcher:
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
         self.snapshot = snapshot
+        if snapshot.command_exit is None:
+            self.states.update(snapshot)
         for line in self.waiting.lines(snapshot, _phase_names(snapshot)):
             self.output.say(line)
         if time.monotonic() >= self.next_shm_sample:
@@ -248,10 +254,13 @@ class Launcher:
             # one takes a heartbeat that moved since its last look for a live process.
             self.collector = Collector(self.opts.run_dir)
             self.poll()
+            self.crash = crash_of(self.snapshot)
             on_update(self)
             self.write_report(dump=False)
-            return self._end(judged_exit(self.verdicts, shell_code(self.proc.returncode)))
+            return self._end(judged_exit(self.verdicts, shell_code(self.proc.returncode),
+                                         crashed=self.crash is not None))
         finally:
+            self.states.close()
             self.stop()
             self.role.leave(self, STOP_GRACE_S, EXIT_INTERRUPTED)
             self.guardian.release()
@@ -368,9 +377,10 @@ class Launcher:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
         notes = self.collector.notes + marks.notes(self.opts.marks, self.opts.run_dir,
                                                    _phase_names(self.snapshot))
-        body = report.to_json(self.snapshot, self.verdicts)
+        body = report.to_json(self.snapshot, self.verdicts, crash=self.crash)
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
+            self.states.quiet()            # no sample pauses a rank while it is dumped
             asked, fr_notes = flight.ask_nccl_ranks(self.opts.run_dir)   # NCCL's take ~1 s
             notes += request_dump(self.opts.run_dir)   # stacks, and gloo's Flight Recorder
             notes += self.role.dump_other_nodes()
@@ -418,13 +428,17 @@ def ending_line(stopped_by: str, verdicts: list[Verdict], on_hang: str = "kill")
     return f"{ENDED_MARK} ({why}) ---"
 
 
-def judged_exit(verdicts: list[Verdict], command_code: int | None) -> int:
+def judged_exit(verdicts: list[Verdict], command_code: int | None,
+                crashed: bool = False) -> int:
     """diag launch's own code for a job judged at its end (command_code: the
     command's, as a shell gives it; None when diag ended a hung job). A hang is
-    a verdict; with none, a rank's death or the command's failure is a crash."""
-    if any(v.kind in HANG_KINDS and v.kind != VerdictKind.DEAD for v in verdicts):
+    a verdict; with none, a rank's death, an exception a rank raised in a job
+    that then ended by itself (crashed: analysis.crash found its first failure,
+    whatever the command's code) or the command's failure is a crash."""
+    failures = {VerdictKind.DEAD} | ({VerdictKind.RAISED} if command_code is not None else set())
+    if any(v.kind in HANG_KINDS and v.kind not in failures for v in verdicts):
         return EXIT_VERDICTS
-    if command_code not in (0, None) or any(v.kind == VerdictKind.DEAD for v in verdicts):
+    if command_code not in (0, None) or crashed or any(v.kind in failures for v in verdicts):
         return EXIT_CRASHED
     return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
 

@@ -77,7 +77,8 @@ def print_outcome(launcher: Launcher, outcome: Outcome) -> None:
     if nothing_probed(launcher.snapshot):
         _print_unprobed_end(launcher)
     else:
-        report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes)
+        report.render(launcher.snapshot, outcome.verdicts, notes=launcher.notes,
+                      crash=launcher.crash)
         print(f"diag: {command_ended(launcher)}", file=sys.stderr)
     print(f"report: {outcome.report_path}", file=sys.stderr)
 

@@ -7,9 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
 from diagnose.core.frames import frame_label, is_native, native_label
+
+_LOCKS_LOCK = threading.Lock()
+_PID_LOCKS: dict[int, threading.Lock] = {}   # one py-spy at a time on a process
 
 
 @dataclass
@@ -17,6 +21,7 @@ class ExternalStacks:
     threads: dict[str, list[str]] | None  # None when py-spy gave nothing
     note: str | None = None               # why not (or why not native), in one line
     denied: bool = False                  # py-spy was refused ptrace over the process
+    main: str | None = None               # the name in `threads` of the process's main thread
 
 
 def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0,
@@ -31,6 +36,13 @@ def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0,
         return ExternalStacks(None, "py-spy is not installed (pip install py-spy)")
     if nonblocking and not native:
         return _run(exe, pid, False, timeout, ["--nonblocking"])
+    with _LOCKS_LOCK:
+        lock = _PID_LOCKS.setdefault(pid, threading.Lock())
+    with lock:                     # a second dump that pauses a paused process fails
+        return _dump(exe, pid, native, timeout)
+
+
+def _dump(exe: str, pid: int, native: bool, timeout: float) -> ExternalStacks:
     stacks = _run(exe, pid, native, timeout)
     if not native:
         return stacks
@@ -38,8 +50,8 @@ def py_spy_dump(pid: int, native: bool = False, timeout: float = 10.0,
         python_only = _run(exe, pid, False, timeout)
         if python_only.threads is None:
             return python_only          # no stacks at all: --native is not the cause
-        return ExternalStacks(python_only.threads, f"no native frames for pid {pid}: "
-                                                   f"{stacks.note}; Python frames only")
+        python_only.note = f"no native frames for pid {pid}: {stacks.note}; Python frames only"
+        return python_only
     if not any(is_native(frame) for frames in stacks.threads.values() for frame in frames):
         stacks.note = (f"py-spy --native gave no native frame for pid {pid} (its build may "
                        f"not unwind native stacks on this platform); Python frames only")
@@ -57,7 +69,8 @@ def _run(exe: str, pid: int, native: bool, timeout: float,
     if done.returncode != 0:
         return ExternalStacks(None, _failure_note(pid, done.stderr), _denied(done.stderr))
     try:
-        return ExternalStacks(_threads_from_json(json.loads(done.stdout)))
+        dump = json.loads(done.stdout)
+        return ExternalStacks(_threads_from_json(dump), main=_main_thread(dump, pid))
     except (ValueError, KeyError, TypeError) as error:
         return ExternalStacks(None, f"py-spy output for pid {pid} not understood: {error}")
 
@@ -83,15 +96,28 @@ def _failure_note(pid: int, stderr: str) -> str:
     return f"py-spy dump of pid {pid} failed: {text}"
 
 
+def _thread_name(thread: dict, taken: dict) -> str:
+    name = thread.get("thread_name") or f"thread {thread['thread_id']}"
+    return f"{name} ({thread['thread_id']})" if name in taken else name
+
+
+def _main_thread(dump: list[dict], pid: int) -> str | None:
+    """The name _threads_from_json gives the thread whose OS id is the pid."""
+    taken: dict = {}
+    for thread in dump:
+        name = _thread_name(thread, taken)
+        taken[name] = True
+        if thread.get("os_thread_id") == pid:
+            return name
+    return None
+
+
 def _threads_from_json(dump: list[dict]) -> dict[str, list[str]]:
     """py-spy lists frames innermost first; ours are outermost first. A native
     frame is one py-spy names a library ("module") for."""
     threads = {}
     for thread in dump:
-        name = thread.get("thread_name") or f"thread {thread['thread_id']}"
-        if name in threads:
-            name = f"{name} ({thread['thread_id']})"
-        threads[name] = [native_label(frame["module"], frame["name"]) if frame.get("module")
+        threads[_thread_name(thread, threads)] = [native_label(frame["module"], frame["name"]) if frame.get("module")
                          else frame_label(frame["filename"], frame["line"], frame["name"])
                          for frame in reversed(thread["frames"])]
     return threads

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnose.core.shown import shown
-from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot, Verdict
+from diagnose.core.snapshot import CollectiveRecord, Crash, RankState, Snapshot, Verdict
 from diagnose.core.vocab import Mention, RankStatus, VerdictKind
 from diagnose.offline.console import fills_screen, output_console
 
@@ -79,35 +79,41 @@ def _statuses(verdicts: list[Verdict]):
     return status
 
 
-def to_json(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None) -> dict:
+def to_json(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None,
+            crash: Crash | None = None) -> dict:
     rows = rank_rows(snapshot, verdicts) if rows is None else rows
     return {"verdicts": [asdict(verdict) for verdict in verdicts],
-            "ranks": [asdict(row) for row in rows]}
+            "ranks": [asdict(row) for row in rows],
+            "crashed": None if crash is None else asdict(crash)}
 
 
 def renderable(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None,
-               expand: bool = True) -> Group:
+               expand: bool = True, crash: Crash | None = None) -> Group:
     """One screen: the verdict sentence over a table of every rank (or of `rows`).
     expand: fill the console's width; else keep to the content, cutting nothing."""
     rows = rank_rows(snapshot, verdicts) if rows is None else rows
-    return Group(Panel(_verdict_lines(snapshot, verdicts), title=f"diag: {snapshot.run_dir}",
-                       border_style="red" if verdicts else "green", expand=expand),
+    return Group(Panel(_verdict_lines(snapshot, verdicts, crash), title=f"diag: {snapshot.run_dir}",
+                       border_style="red" if verdicts or crash else "green", expand=expand),
                  _rank_table(rows, expand))
 
 
 def render(snapshot: Snapshot, verdicts: list[Verdict], console: Console | None = None,
            notes: list[str] | None = None, rows: list[RankRow] | None = None,
-           caption: str | None = None) -> None:
+           caption: str | None = None, crash: Crash | None = None) -> None:
     """The screen on a terminal; to a pipe or a file, every field whole."""
     console = console or output_console()
-    console.print(renderable(snapshot, verdicts, rows, expand=fills_screen(console)))
+    console.print(renderable(snapshot, verdicts, rows, expand=fills_screen(console), crash=crash))
     if caption:
         console.print(Text(shown(caption), style="dim"))
     for note in notes or []:
         console.print(Text(f"note: {shown(note)}", style="dim"))
 
 
-def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict]) -> Group | Text:
+def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict],
+                   crash: Crash | None = None) -> Group | Text:
+    if crash is not None and not verdicts:
+        return Text(f"[crashed] the job ended after a rank failed; the first failure: "
+                    f"{crash.summary}", style="bold red")
     if not verdicts and not any(state.phases or state.collectives
                                 for state in snapshot.ranks.values()):
         return Text("no verdict: no rank recorded a phase or a collective to judge by",

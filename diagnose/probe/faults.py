@@ -11,6 +11,8 @@ the first time with step argument N; with step=all it fires on every entry
   skip_collective  the next traced collective is not made and takes no sequence number
   skip_broadcast   enter the phase (use at=dequeue) and block there, never reading
                    the broadcast ring: the rank stops consuming the driver's messages
+  raise            enter the phase and raise FaultRaised (a RuntimeError) inside it:
+                   the phase ends in an exception, as a bug in its code would end it
   gpu_spin         launch a kernel that spins forever on the current CUDA stream and
                    go on: the host runs ahead while the GPU is stuck
   device_assert    launch a kernel whose device-side assert fails and go on: the
@@ -29,11 +31,16 @@ from dataclasses import dataclass
 from diagnose.core.vocab import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES
 
 ENV_VAR = "DIAG_FAULT"
-KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast", "gpu_spin",
-         "device_assert")
+KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast", "raise",
+         "gpu_spin", "device_assert")
+INSIDE_KINDS = ("skip_broadcast", "raise")   # they act once their phase is open
 KNOWN_PHASES = tuple(dict.fromkeys(STARTUP_PHASES + STEP_PHASES + DRIVER_PHASES))
 SPIN_FLAGS: list = []  # the host flags of gpu_spin kernels launched here (kernels.faults.release)
 FORMAT = "rank=R,at=PHASE[,step=N|all],kind=K"
+
+
+class FaultRaised(RuntimeError):
+    """What kind=raise raises inside its phase."""
 
 
 class FaultSpecError(ValueError):
@@ -122,7 +129,7 @@ def _kind(text: str, value: str) -> tuple[str, float | None]:
     if kind not in KINDS:
         raise FaultSpecError(f"fault spec {text!r}: unknown kind {kind!r} "
                              f"(known: hang, sleep:SECONDS, crash, exit:CODE, "
-                             f"skip_collective, skip_broadcast, gpu_spin, device_assert)")
+                             f"skip_collective, skip_broadcast, raise, gpu_spin, device_assert)")
     if kind == "sleep":
         try:
             seconds = float(arg)
@@ -176,15 +183,18 @@ class FaultPlan:
         self.record(spec)
         if spec.kind == "skip_collective":
             self.skip_next_collective = True
-        elif spec.kind != "skip_broadcast":
+        elif spec.kind not in INSIDE_KINDS:
             _ACTS[spec.kind](spec)
         return spec
 
     @staticmethod
     def inside_phase(spec: FaultSpec) -> None:
-        """skip_broadcast blocks once its phase is open: the rank sits in dequeue."""
+        """skip_broadcast blocks once its phase is open: the rank sits in dequeue;
+        raise raises there."""
         if spec.kind == "skip_broadcast":
             block_forever()
+        elif spec.kind == "raise":
+            raise FaultRaised(f"diag fault {spec}: raised inside {spec.at}")
 
 
 def block_forever() -> None:

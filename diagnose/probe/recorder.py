@@ -25,6 +25,8 @@ from diagnose.probe.calls import (OFF, SKIPPED, Capture, CapturedCall, InFlight,
 
 COMMUNICATOR_FILE = os.path.join("engine", "communicator.py")
 DIAGNOSE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+TORCH_DIR = os.sep + os.path.join("site-packages", "torch") + os.sep
 # The phases whose GPU work is watched: a single GPU's progress shows in no
 # collective, so one CUDA event as the host leaves each of them stands for it.
 DEVICE_PHASES = frozenset(STEP_PHASES) - {Phase.DEQUEUE}
@@ -42,7 +44,7 @@ class Recorder:
             os.path.join(run_dir, runfile.probe_file_name(rank)), identity, os.getpid(),
             psutil.Process().create_time(), time.time())
         self.fatal_sink = on_fatal_signal(os.path.join(run_dir, runfile.fatal_file_name(rank)))
-        self.last_error: BaseException | None = None  # the exception error-{R}.json holds
+        self.error_written = False   # error-{R}.json holds the first exception; it stays
         specs = [spec for spec in faults.parse_faults(os.environ.get(faults.ENV_VAR, ""))
                  if spec.rank == rank]
         self.faults = faults.FaultPlan(specs, record=lambda spec: self.file.fault(
@@ -74,11 +76,15 @@ class Recorder:
         fault = self.faults.before_phase(name, step) if self.faults.armed else None
         if self.depth == 0:
             self.traced_thread = threading.get_ident()
-        self.last_error = None   # written already; holding it would keep its frames alive
         self.depth += 1
         event = self.file.open_phase(name, step, time.time(), self.depth)
         if fault is not None:
-            self.faults.inside_phase(fault)
+            try:
+                self.faults.inside_phase(fault)
+            except Exception as error:     # kind=raise: the phase ends in it
+                self.exit_phase(event, name, step)
+                self.phase_error(error, error.__traceback__, name, step)
+                raise
         return event
 
     def exit_phase(self, event: int, name: str, step: int | None) -> None:
@@ -96,16 +102,18 @@ class Recorder:
             self.on_device = False
 
     def phase_error(self, error: BaseException, tb, name: str, step: int | None) -> None:
-        """Writes error-{R}.json for an exception leaving a phase, once per exception
-        (the innermost phase it leaves). It is written here, before the code that
-        catches it cleans up: a CUDA error's clean-up may never end."""
-        if error is self.last_error:
+        """Writes error-{R}.json for the first exception that leaves a phase (the
+        innermost phase it leaves): the root cause, which a later error (the
+        shutdown's, once peers give up) must not hide. It is written here, before
+        the code that catches it cleans up: a CUDA error's clean-up may never end."""
+        if self.error_written:
             return
-        self.last_error = error
+        self.error_written = True
         caller = tb.tb_frame.f_back
         frames = (traceback.extract_stack(caller) if caller else []) + traceback.extract_tb(tb)
         body = {"pid": os.getpid(), "at": time.time(), "phase": name, "step": step,
                 "error": traceback.format_exception_only(type(error), error)[-1].strip(),
+                "frame": own_frame(frames),
                 "frames": [[frame.filename, frame.lineno, frame.name, frame.line or ""]
                            for frame in frames]}
         path = os.path.join(self.run_dir, runfile.error_file_name(self.rank))
@@ -291,6 +299,15 @@ class Recorder:
         if frame is None:
             return ""
         return frame_label(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def own_frame(frames: list[traceback.FrameSummary]) -> str | None:
+    """The innermost frame of the program's own code: not diag's probe, Python's
+    standard library or torch; the innermost frame if all are."""
+    own = [frame for frame in frames if not frame.filename.startswith((DIAGNOSE_DIR, STDLIB_DIR))
+           and TORCH_DIR not in frame.filename]
+    frame = (own or frames or [None])[-1]
+    return None if frame is None else frame_label(frame.filename, frame.lineno, frame.name)
 
 
 def on_fatal_signal(path: str):

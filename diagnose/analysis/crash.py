@@ -1,0 +1,31 @@
+"""A job that ended by itself after a rank failed crashed: it is no healthy run,
+whatever the command's exit code (vLLM's server exits 0 after its engine died).
+The first failure, an exception that left a rank's phase or a rank's death,
+is named, as `diag logs` names the first failure of a log."""
+from __future__ import annotations
+
+from diagnose.analysis.raised import ENDING_PHASES
+from diagnose.analysis.view import DRIVER, find_deaths
+from diagnose.analysis.wording import exit_text
+from diagnose.core.snapshot import Crash, Snapshot
+
+
+def crash_of(snapshot: Snapshot) -> Crash | None:
+    """The first failure of a job that ended by itself; None while it runs, when
+    diag stopped it, or when no rank failed."""
+    if snapshot.command_exit is None or snapshot.stop is not None:
+        return None
+    found = []
+    for rank, state in snapshot.ranks.items():
+        error = state.error
+        if error is not None and error.phase not in ENDING_PHASES:
+            step = f" step {error.step}" if error.step is not None else ""
+            frame = f" at {error.frame}" if error.frame else ""
+            found.append(Crash(rank, error.at, f"{state.identity.name} raised {error.error} "
+                                               f"in {error.phase}{step}{frame}"))
+    for node, death in find_deaths(snapshot).items():
+        if node == DRIVER:
+            continue
+        found.append(Crash(node, death.at, f"{snapshot.ranks[node].identity.name} died "
+                                           f"({exit_text(death.exitcode)})"))
+    return min(found, key=lambda crash: crash.at, default=None)

@@ -1,0 +1,66 @@
+"""What each rank is doing now, as far as the analysis trusts its last sample.
+
+A sample (RankState.activity, taken from outside by diag launch) tells what the
+rank did when it was taken; it still holds only if the rank has made no
+progress since. A rank without such a sample is judged by its position alone.
+"""
+from __future__ import annotations
+
+from diagnose.analysis.position import last_progress
+from diagnose.analysis.view import View
+from diagnose.core.snapshot import RankState
+from diagnose.core.vocab import Activity
+
+# The states in which a rank waits on its peers (or on device work they share).
+WAITING = frozenset({Activity.COLLECTIVE, Activity.GPU_WAIT})
+
+
+def activity(state: RankState) -> Activity | None:
+    """The rank's activity now, or None where no sample can be trusted: none was
+    taken, it is of another process, it found no stack, or the rank moved since."""
+    sample = state.activity
+    if (sample is None or not state.alive or sample.pid != state.identity.pid
+            or sample.taken_at < last_progress(state)):
+        return None
+    found = Activity(sample.activity)
+    return None if found == Activity.UNKNOWN else found
+
+
+def waits_on_peers(state: RankState) -> bool:
+    return activity(state) in WAITING
+
+
+def not_waiting(state: RankState) -> bool:
+    """Known to do something of its own: run, sleep, compile, or wait for work."""
+    found = activity(state)
+    return found is not None and found not in WAITING
+
+
+def compiling_s(state: RankState, now: float) -> float | None:
+    """How long the rank has been compiling, while it still is; None if it is not."""
+    sample = state.activity
+    if activity(state) != Activity.COMPILING or sample.compiling_since is None:
+        return None
+    return max(0.0, now - sample.compiling_since)
+
+
+def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:
+    """{rank: its activity and the frame that decided it}, or why it is not known:
+    a verdict says whether it was read from what the ranks were doing or from
+    their positions alone."""
+    found = {}
+    for rank in ranks:
+        state = view.ranks.get(rank)
+        if state is None:
+            continue
+        now = activity(state)
+        sample = state.activity
+        if now is not None:
+            found[str(rank)] = f"{now} at {sample.frame}" if sample.frame else str(now)
+        elif sample is None:
+            found[str(rank)] = "not sampled: positions only"
+        elif sample.note and not sample.frames:
+            found[str(rank)] = f"unreadable ({sample.note}): positions only"
+        else:
+            found[str(rank)] = "moved since its last sample: positions only"
+    return found

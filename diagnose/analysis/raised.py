@@ -1,0 +1,66 @@
+"""A caught exception is a root cause: the rank whose phase ended in the job's
+first exception, where its peers then wait on it (or it died of it).
+
+An engine may catch the exception and send the rank back to wait for work
+(vLLM's worker does), while its TP peers sit in the step's all-reduce for good:
+by positions the peers look stuck and the rank idle. The first exception of
+the job is the cause; exceptions after a death are what the death set off, and
+an exception in dequeue, shutdown or exit is the engine being ended.
+"""
+from __future__ import annotations
+
+from diagnose.analysis.doing import states_evidence
+from diagnose.analysis.graph import reachers, waited_by
+from diagnose.analysis.position import last_progress, limit_phase, seen_until, where
+from diagnose.analysis.thresholds import StallLimits
+from diagnose.analysis.view import Node, View
+from diagnose.analysis.wording import Words, rank_evidence, ranks_of, who
+from diagnose.core.snapshot import RaisedError, Verdict
+from diagnose.core.vocab import Phase, VerdictKind
+
+ENDING_PHASES = (Phase.DEQUEUE, Phase.SHUTDOWN, Phase.EXIT)
+
+
+def raised_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits) -> list[Verdict]:
+    first = first_error(view)
+    if first is None:
+        return []
+    rank, error = first
+    victims = reachers(waited_by(graph), {rank})
+    died = rank in view.deaths
+    stalls = [seen_until(view, node) - max(last_progress(view.state(node)), error.at)
+              for node in victims if _stalled(view, node, error, limits)]
+    if not died and not stalls:
+        return []
+    state = view.ranks[rank]
+    after = ("; it died" if died else "; its process ended" if not state.alive
+             else f"; it went on and is now {where(state).removeprefix('stuck ')}")
+    frame = f" at {error.frame}" if error.frame else ""
+    step = f" step {error.step}" if error.step is not None else ""
+    words = Words().culprit(who(view, rank)).add(
+        f" raised {error.error} in {error.phase}{step}{frame}{after}").waiting(victims)
+    evidence = rank_evidence(view, state)
+    evidence["error"] = {"error": error.error, "frame": error.frame, "phase": error.phase,
+                         "step": error.step, "at": error.at}
+    evidence["states"] = states_evidence(view, [rank] + ranks_of(victims))
+    detected = max(stalls, default=max(0.0, view.now - error.at))
+    return [Verdict(kind=VerdictKind.RAISED, culprit_ranks=[rank], victim_ranks=ranks_of(victims),
+                    summary=words.text, spans=words.spans, phase=error.phase, step=error.step,
+                    detected_after_s=round(detected, 3), evidence=evidence)]
+
+
+def first_error(view: View) -> tuple[int, RaisedError] | None:
+    """The rank with the job's first exception, if it came before any other
+    process died (its own death may follow it) and not from an ending phase."""
+    errors = sorted(((state.error.at, rank) for rank, state in view.ranks.items()
+                     if state.error is not None and state.error.phase not in ENDING_PHASES))
+    for at, rank in errors[:1]:
+        others = [death.at for node, death in view.deaths.items() if node != rank]
+        if not others or at <= min(others):
+            return rank, view.ranks[rank].error
+    return None
+
+
+def _stalled(view: View, node: Node, error: RaisedError, limits: StallLimits) -> bool:
+    since = max(last_progress(view.state(node)), error.at)
+    return seen_until(view, node) - since >= limits.limit(limit_phase(view, node))

@@ -1,0 +1,141 @@
+"""What each rank is doing now, seen from outside: py-spy dumps of the ranks that
+stopped moving, classified (analysis.activity) and written to state-R.json,
+which every collector reads back into RankState.activity.
+
+The launcher calls `StateSampler.update(snapshot)` after each snapshot; it only
+looks at times and hands the dumps to a thread pool, so the watch loop never
+waits for py-spy. A rank is sampled once its position (phases, collectives,
+ring reads) has not moved for STILL_S, then again every RESAMPLE_S while it
+stays still; one dump per rank at a time. A compiler started by the rank (cc,
+g++, nvcc, ptxas, ...) or a busy Inductor compile worker makes it compiling,
+whatever its stack says.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+
+import psutil
+
+from diagnose.analysis.activity import classify
+from diagnose.analysis.position import last_progress
+from diagnose.core import runfile
+from diagnose.core.schema import Document, stamped
+from diagnose.core.snapshot import ActivitySample, RankState, Snapshot
+from diagnose.core.vocab import Activity
+from diagnose.launch.py_spy import py_spy_dump
+
+STILL_S = 1.0          # a rank whose position has not moved for this long is sampled
+RESAMPLE_S = 2.0       # and again this often while it stays still
+MAX_WORKERS = 8        # py-spy dumps at once
+DUMP_TIMEOUT_S = 10.0
+COMPILERS = frozenset({"cc", "cc1", "cc1plus", "c++", "gcc", "g++", "clang", "clang++", "ld",
+                       "ld.lld", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "ninja"})
+COMPILE_WORKER = "compile_worker"   # Inductor's pool: alive between compiles, busy in one
+
+
+class StateSampler:
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.host = socket.gethostname()
+        self.pool = ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="diag-state")
+        self.lock = threading.Lock()
+        self.busy: set[int] = set()                       # ranks with a dump under way
+        self.sampled_at: dict[int, float] = {}            # rank -> when its last dump began
+        self.compiling_since: dict[int, float | None] = {}
+        self.worker_cpu: dict[int, float] = {}            # compile worker pid -> its CPU time
+        self.python_only: set[int] = set()                # pids py-spy gives no native frames
+
+    def update(self, snapshot: Snapshot) -> None:
+        now = snapshot.taken_at
+        for rank, state in snapshot.ranks.items():
+            if not state.alive or state.identity.host != self.host:
+                continue
+            if now - last_progress(state) < STILL_S:
+                continue
+            with self.lock:
+                if rank in self.busy or now - self.sampled_at.get(rank, 0.0) < RESAMPLE_S:
+                    continue
+                self.busy.add(rank)
+                self.sampled_at[rank] = now
+            self.pool.submit(self._sample, rank, state)
+
+    def quiet(self, wait_s: float = DUMP_TIMEOUT_S) -> None:
+        """Waits (up to wait_s) until no dump is under way: py-spy stops a rank while
+        it reads it, and two at once on one rank fail."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.busy:
+                    return
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _sample(self, rank: int, state: RankState) -> None:
+        try:
+            sample = self.sample(rank, state.identity.pid)
+            write_state(self.run_dir, rank, sample)
+        except OSError:
+            pass                       # the run dir went away: nothing to tell
+        finally:
+            with self.lock:
+                self.busy.discard(rank)
+
+    def sample(self, rank: int, pid: int) -> ActivitySample:
+        taken_at = time.time()
+        native = pid not in self.python_only
+        dump = py_spy_dump(pid, native=native, timeout=DUMP_TIMEOUT_S)
+        if native and dump.note and dump.threads is not None:
+            self.python_only.add(pid)  # said once why; later dumps skip the native attempt
+        frames = (dump.threads or {}).get(dump.main or "", [])
+        found = classify(frames)
+        sample = ActivitySample(activity=found.activity, taken_at=taken_at, pid=pid,
+                                frame=found.frame, rule=found.rule, frames=frames,
+                                native=native and not dump.note, note=dump.note)
+        child = self._compiler_child(pid)
+        if child is not None:
+            sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
+        compiling = sample.activity == Activity.COMPILING
+        since = self.compiling_since.get(rank) if compiling else None
+        self.compiling_since[rank] = since = (since or taken_at) if compiling else None
+        sample.compiling_since = since
+        return sample
+
+    def _compiler_child(self, pid: int) -> str | None:
+        """'g++ (pid 123)' for a compiler the rank started, or a compile worker
+        of its that used CPU since the last look; None if none."""
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return None
+        for child in children:
+            try:
+                with child.oneshot():
+                    name = child.name()
+                    if name in COMPILERS:
+                        return f"{name} (pid {child.pid})"
+                    if any(COMPILE_WORKER in part for part in child.cmdline()):
+                        cpu = sum(child.cpu_times()[:2])
+                        last = self.worker_cpu.get(child.pid)
+                        self.worker_cpu[child.pid] = cpu
+                        if last is not None and cpu > last:
+                            return f"an Inductor compile worker (pid {child.pid})"
+            except psutil.Error:
+                continue
+        return None
+
+
+def write_state(run_dir: str, rank: int, sample: ActivitySample) -> None:
+    """Written beside, then renamed: a reader sees the old sample or the new one."""
+    path = os.path.join(run_dir, runfile.state_file_name(rank))
+    tmp = os.path.join(run_dir, "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w") as out:
+        json.dump(stamped(Document.STATE, asdict(sample)), out)
+    os.replace(tmp, path)

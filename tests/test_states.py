@@ -1,0 +1,163 @@
+"""The analysis with what each rank is doing (RankState.activity, the samples diag
+launch takes with py-spy) and the first exception each rank raised
+(RankState.error): the hangs of issue #24, as synthetic snapshots of a vLLM-like
+job whose TP all-reduce runs out of the probe's sight (a compiled model)."""
+import pytest
+
+from diagnose.analysis import analyze
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.core.snapshot import ActivitySample, RaisedError
+from diagnose.core.vocab import Activity, Phase, VerdictKind
+from synthetic import OP_S, Job
+from test_unseen_waits import compiled_step, vllm_tp2
+
+pytestmark = pytest.mark.unit
+
+IN_ALL_REDUCE = ["v1/worker/gpu_worker.py:300 execute_model", "ab/cabc.py:40 call",
+                 "distributed/parallel_state.py:740 all_reduce",
+                 "device_communicators/cpu_communicator.py:275 all_reduce"]
+SLEEPING = ["v1/worker/gpu_worker.py:300 execute_model", "tests/plugin.py:20 block",
+            "[native] libpython3.11.so time_sleep", "[native] libc.so.6 clock_nanosleep"]
+COMPILING = ["v1/worker/gpu_worker.py:300 execute_model",
+             "_dynamo/convert_frame.py:900 _compile", "_inductor/cpp_builder.py:300 build",
+             "python3.11/subprocess.py:1200 communicate"]
+IDLE = ["v1/executor/multiproc_executor.py:700 worker_busy_loop",
+        "device_communicators/shm_broadcast.py:970 dequeue"]
+
+
+def sample(job: Job, rank: int, activity: Activity, frames: list[str], at: float,
+           compiling_since: float | None = None) -> None:
+    job.ranks[rank].activity = ActivitySample(
+        activity=activity, taken_at=at, pid=job.ranks[rank].identity.pid, frame=frames[-1],
+        rule="test", frames=frames, native=True, compiling_since=compiling_since)
+
+
+def both_inside_step(stall_s: float = 3.0) -> tuple[Job, float]:
+    """tp=2: three healthy steps, then both ranks inside step 3 (the driver waits)."""
+    job, t = vllm_tp2(steps=3, now_after=stall_s)
+    job.driver_step(3, t, None)
+    for rank in (0, 1):
+        compiled_step(job, rank, 3, t, None)
+    return job, t
+
+
+def summary(verdicts):
+    return [(v.kind, v.culprit_ranks, v.victim_ranks) for v in verdicts]
+
+
+def test_without_states_both_ranks_inside_the_step_are_named_as_before():
+    """The tie #24 reported: by positions alone, neither waits on the other."""
+    job, _ = both_inside_step()
+    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+
+
+@pytest.mark.parametrize("culprit_frames,culprit_activity", [
+    (SLEEPING, Activity.SLEEPING), (["tests/plugin.py:20 spin"], Activity.RUNNING)])
+def test_the_rank_not_waiting_while_its_peer_waits_in_the_collective_is_the_culprit(
+        culprit_frames, culprit_activity):
+    job, t = both_inside_step()
+    sample(job, 0, culprit_activity, culprit_frames, t + 1.5)
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.STUCK_IN_PHASE, [0], [1])]
+    assert "waiting" not in verdicts[0].evidence.get("states", {}).get("0", "")
+
+
+def test_a_sample_taken_before_the_rank_last_moved_is_not_trusted():
+    job, t = both_inside_step()
+    sample(job, 0, Activity.SLEEPING, SLEEPING, t - 1.0)      # before step 3 began
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+
+
+def test_two_ranks_both_waiting_in_the_collective_name_no_single_culprit():
+    job, t = both_inside_step()
+    for rank in (0, 1):
+        sample(job, rank, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+
+
+def test_a_healthy_run_with_samples_has_no_verdict():
+    job, t = vllm_tp2(steps=20, now_after=0.05)
+    for rank in (0, 1):
+        sample(job, rank, Activity.IDLE, IDLE, t - 0.5)
+    assert analyze(job.snapshot()) == []
+
+
+def caught_exception(job: Job, t: float, rank: int, step: int) -> None:
+    """vLLM's worker: the step raised, the engine caught it, the rank waits for work."""
+    state = job.ranks[rank]
+    event = job.phase(state, Phase.EXECUTE_MODEL, t + OP_S, t + 0.05, step)
+    assert event in state.phases
+    state.ring_read += 1
+    state.error = RaisedError(pid=state.identity.pid, at=t + 0.05, phase=Phase.EXECUTE_MODEL,
+                              step=step, error="RuntimeError: injected by the plugin",
+                              frame="tests/vllm_plugin.py:40 execute_model")
+    job.dequeue(rank, t + 0.06)
+
+
+def test_a_caught_exception_is_the_culprit_not_the_peer_that_waits_for_it():
+    job, t = vllm_tp2(steps=3, now_after=3.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 0, 3, t, None)                       # waits in the all-reduce
+    caught_exception(job, t, 1, 3)
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.RAISED, [1], [0])]
+    verdict = verdicts[0]
+    assert verdict.step == 3 and verdict.phase == Phase.EXECUTE_MODEL
+    assert "raised RuntimeError: injected by the plugin in execute_model step 3" in verdict.summary
+    assert "tests/vllm_plugin.py:40 execute_model" in verdict.summary
+    assert verdict.evidence["error"]["frame"] == "tests/vllm_plugin.py:40 execute_model"
+    assert "it went on and is now in dequeue" in verdict.summary
+
+
+def test_a_caught_exception_whose_peers_go_on_is_no_verdict():
+    job, t = vllm_tp2(steps=3, now_after=0.05)
+    caught_exception(job, t, 1, 3)
+    assert analyze(job.snapshot()) == []
+
+
+def test_an_exception_after_a_death_is_the_death_s_consequence():
+    job, t = vllm_tp2(steps=3, now_after=3.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 0, 3, t, None)
+    job.died(0, t + 0.5, -9)
+    caught_exception(job, t + 0.6, 1, 3)                     # gloo: connection closed by peer
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [(VerdictKind.DEAD, [0])]
+
+
+def test_a_rank_that_raised_and_died_is_named_with_its_exception():
+    job, t = vllm_tp2(steps=3, now_after=2.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 0, 3, t, None)
+    caught_exception(job, t, 1, 3)
+    job.died(1, t + 0.1, 1)
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [(VerdictKind.RAISED, [1])]
+    assert "it died" in verdicts[0].summary
+
+
+def test_an_error_in_dequeue_is_the_engine_ending_not_a_cause():
+    job, t = vllm_tp2(steps=3, now_after=0.05)
+    state = job.ranks[1]
+    state.error = RaisedError(pid=state.identity.pid, at=t, phase=Phase.DEQUEUE, step=3,
+                              error="RuntimeError: cancelled", frame=None)
+    assert analyze(job.snapshot()) == []
+
+
+def test_a_compiling_rank_is_progress_until_the_compile_limit():
+    job, t = both_inside_step(stall_s=120.0)
+    sample(job, 0, Activity.COMPILING, COMPILING, job.now - 1.0, compiling_since=t + 1.0)
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, job.now - 1.0)
+    assert analyze(job.snapshot()) == []
+    verdicts = analyze(job.snapshot(), Thresholds(compile_s=60.0))
+    assert summary(verdicts) == [(VerdictKind.COMPILE_TOO_LONG, [0], [1])]
+    assert "compile limit" in verdicts[0].summary
+
+
+def test_a_compile_does_not_hide_a_death():
+    job, t = both_inside_step(stall_s=30.0)
+    sample(job, 0, Activity.COMPILING, COMPILING, job.now - 1.0, compiling_since=t + 1.0)
+    job.died(1, t + 2.0, -9)
+    assert [v.kind for v in analyze(job.snapshot())] == [VerdictKind.DEAD]
