@@ -161,3 +161,30 @@ def test_a_compile_does_not_hide_a_death():
     sample(job, 0, Activity.COMPILING, COMPILING, job.now - 1.0, compiling_since=t + 1.0)
     job.died(1, t + 2.0, -9)
     assert [v.kind for v in analyze(job.snapshot())] == [VerdictKind.DEAD]
+
+
+def test_while_states_are_sampled_a_tie_waits_for_its_samples_then_falls_back():
+    job, t = both_inside_step(stall_s=5.0)
+    live = job.snapshot()
+    live.sampling = True
+    assert analyze(live) == []                     # 5 s: past the limit, not past the wait
+    job.now = t + 13.0
+    later = job.snapshot()
+    later.sampling = True
+    assert sorted(v.culprit_ranks for v in analyze(later)) == [[0], [1]]
+    states = analyze(later)[0].evidence["states"]
+    assert set(states.values()) == {"not sampled: positions only"}
+
+
+def test_where_ptrace_is_refused_a_tie_falls_back_to_positions_at_once_and_says_why():
+    job, t = both_inside_step(stall_s=5.0)
+    for rank in (0, 1):
+        job.ranks[rank].activity = ActivitySample(
+            activity=Activity.UNKNOWN, taken_at=t + 1.5, pid=job.ranks[rank].identity.pid,
+            note="py-spy may not read pid 1000: Operation not permitted")
+    live = job.snapshot()
+    live.sampling = True
+    verdicts = analyze(live)
+    assert sorted(v.culprit_ranks for v in verdicts) == [[0], [1]]
+    assert verdicts[0].evidence["states"][str(verdicts[0].culprit_ranks[0])].startswith(
+        "unreadable (py-spy may not read")

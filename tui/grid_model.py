@@ -33,6 +33,7 @@ class RankCell:
     step: int | None
     heartbeat_age: float
     last_collective: str  # "tp3 all_reduce #340 waiting", or "" before the first one
+    doing: str = ""       # the rank's recent state sample: "compiling 42 s", "collective"
 
 
 @dataclass
@@ -77,6 +78,7 @@ def make_cell(row: RankRow, state: RankState) -> RankCell:
         step=row.step,
         heartbeat_age=max(0.0, row.heartbeat_age_s),
         last_collective=row.last_collective,
+        doing=row.doing,
     )
 
 

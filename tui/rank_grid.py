@@ -33,7 +33,7 @@ def cell_lines(cell: RankCell, selected: bool) -> list[str]:
         f"{'▸' if selected else ' '}rank {cell.rank}  {cell.state}",
         f" {cell.phase or 'no phase yet'}{step}",
         f" {cell.last_collective or 'no collective yet'}",
-        f" heartbeat {cell.heartbeat_age:.1f}s ago",
+        f" {cell.doing + ', ' if cell.doing else ''}heartbeat {cell.heartbeat_age:.1f}s ago",
     ]
 
 

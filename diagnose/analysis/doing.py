@@ -6,24 +6,31 @@ progress since. A rank without such a sample is judged by its position alone.
 """
 from __future__ import annotations
 
-from diagnose.analysis.position import last_progress
-from diagnose.analysis.view import View
+from diagnose.analysis.position import last_progress, open_step, tp_peers
+from diagnose.analysis.view import Node, View
 from diagnose.core.snapshot import RankState
 from diagnose.core.vocab import Activity
 
 # The states in which a rank waits on its peers (or on device work they share).
 WAITING = frozenset({Activity.COLLECTIVE, Activity.GPU_WAIT})
+SAMPLE_WAIT_S = 10.0   # how long a tie that samples can break waits for them
 
 
 def activity(state: RankState) -> Activity | None:
     """The rank's activity now, or None where no sample can be trusted: none was
     taken, it is of another process, it found no stack, or the rank moved since."""
-    sample = state.activity
-    if (sample is None or not state.alive or sample.pid != state.identity.pid
-            or sample.taken_at < last_progress(state)):
+    if not sampled(state):
         return None
-    found = Activity(sample.activity)
+    found = Activity(state.activity.activity)
     return None if found == Activity.UNKNOWN else found
+
+
+def sampled(state: RankState) -> bool:
+    """A sample of this process was taken since its last progress (it may still
+    have found no stack: ptrace refused)."""
+    sample = state.activity
+    return (sample is not None and state.alive and sample.pid == state.identity.pid
+            and sample.taken_at >= last_progress(state))
 
 
 def waits_on_peers(state: RankState) -> bool:
@@ -42,6 +49,23 @@ def compiling_s(state: RankState, now: float) -> float | None:
     if activity(state) != Activity.COMPILING or sample.compiling_since is None:
         return None
     return max(0.0, now - sample.compiling_since)
+
+
+def sample_wait(view: View, node: Node) -> float:
+    """Seconds more a worker's stall must last before it is named, while diag
+    launch samples states: a worker inside step N with nothing pending, beside a
+    TP peer in the same place, is a tie that only what they are doing breaks
+    (who waits in the collective, who does not); until both have a sample to
+    trust, naming either is a guess. Without sampling, positions decide at once."""
+    state = view.ranks.get(node) if isinstance(node, int) else None
+    if not view.snapshot.sampling or state is None or node in view.pending:
+        return 0.0
+    step = open_step(state)
+    tied = [peer for peer in tp_peers(view, node) if peer not in view.pending
+            and step is not None and open_step(view.ranks[peer]) == step]
+    if not tied or all(sampled(view.ranks[rank]) for rank in tied + [node]):
+        return 0.0
+    return SAMPLE_WAIT_S
 
 
 def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:

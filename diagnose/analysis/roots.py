@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from diagnose.analysis.doing import sample_wait, states_evidence
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
                                         last_progress, last_step, limit_phase, milestone,
@@ -49,7 +50,7 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     if node in view.pending and gpu_behind(view.pending[node]):
         return _gpu_stuck(view, node, victims, limits)
     stall = seen_until(view, node) - _stalled_since(view, node, victims)
-    if stall < limits.limit(limit_phase(view, node)):
+    if stall < limits.limit(limit_phase(view, node)) + sample_wait(view, node):
         return None
     kind, reached, missed_step = _root_kind(view, node)
     group, seq = _waited_collective(view, node, victims)
@@ -62,6 +63,7 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     evidence = rank_evidence(view, state)
     if node == DRIVER:
         evidence["culprit"] = DRIVER
+    evidence["states"] = states_evidence(view, ranks_of({node} | victims))
     phase = reached.split()[0] if kind == VerdictKind.NEVER_REACHED else phase_name(state)
     return Verdict(kind=kind, culprit_ranks=ranks_of({node}), victim_ranks=ranks_of(victims),
                    summary=words.text, spans=words.spans, phase=phase, step=step,
@@ -121,7 +123,8 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
                    phase=phase_name(first), step=current_step(first),
                    group=record.group if record else None, seq=record.seq if record else None,
                    detected_after_s=round(stall, 3),
-                   evidence={"cycle": [str(node) for node in sorted(component, key=str)]})
+                   evidence={"cycle": [str(node) for node in sorted(component, key=str)],
+                             "states": states_evidence(view, members)})
 
 
 def _unseen_cycle(view: View, component: set[Node]) -> bool:

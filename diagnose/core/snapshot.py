@@ -112,6 +112,12 @@ class ActivitySample:
     note: str | None = None        # why not native, or why no stack at all
     compiling_since: float | None = None  # compiling in every sample since then
 
+    def text(self, now: float) -> str:
+        """'compiling 42 s', 'collective', 'sleeping': for people."""
+        if self.compiling_since is not None:
+            return f"compiling {max(0.0, now - self.compiling_since):.0f} s"
+        return str(self.activity)
+
 
 @dataclass
 class RaisedError:
@@ -189,6 +195,7 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
+    sampling: bool = False   # diag launch is taking state samples of the still ranks (live)
 
 
 @dataclass

@@ -209,9 +209,9 @@ class Launcher:
         began = time.monotonic()
         snapshot = self.collector.snapshot()
         snapshot.command_exit = self.proc.poll()
-        self.snapshot = snapshot
         if snapshot.command_exit is None:
-            self.states.update(snapshot)
+            snapshot = self.states.seen(snapshot)
+        self.snapshot = snapshot
         for line in self.waiting.lines(snapshot, _phase_names(snapshot)):
             self.output.say(line)
         if time.monotonic() >= self.next_shm_sample:

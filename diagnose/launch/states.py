@@ -5,8 +5,10 @@ which every collector reads back into RankState.activity.
 The launcher calls `StateSampler.update(snapshot)` after each snapshot; it only
 looks at times and hands the dumps to a thread pool, so the watch loop never
 waits for py-spy. A rank is sampled once its position (phases, collectives,
-ring reads) has not moved for STILL_S, then again every RESAMPLE_S while it
-stays still; one dump per rank at a time. A compiler started by the rank (cc,
+ring reads) has not moved for STILL_S, then again while it stays still, every
+RESAMPLE_S at first and less often while the samples agree; one dump per rank
+at a time. A rank idle in dequeue is not sampled: its position says it waits
+for work. A compiler started by the rank (cc,
 g++, nvcc, ptxas, ...) or a busy Inductor compile worker makes it compiling,
 whatever its stack says.
 """
@@ -18,7 +20,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import psutil
 
@@ -27,11 +29,12 @@ from diagnose.analysis.position import last_progress
 from diagnose.core import runfile
 from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import ActivitySample, RankState, Snapshot
-from diagnose.core.vocab import Activity
+from diagnose.core.vocab import Activity, Phase
 from diagnose.launch.py_spy import py_spy_dump
 
 STILL_S = 1.0          # a rank whose position has not moved for this long is sampled
-RESAMPLE_S = 2.0       # and again this often while it stays still
+RESAMPLE_S = 2.0       # and again this often while it stays still, at first; the gap
+MAX_RESAMPLE_S = 16.0  # doubles with each sample that finds it the same, up to this
 MAX_WORKERS = 8        # py-spy dumps at once
 DUMP_TIMEOUT_S = 10.0
 COMPILERS = frozenset({"cc", "cc1", "cc1plus", "c++", "gcc", "g++", "clang", "clang++", "ld",
@@ -47,19 +50,33 @@ class StateSampler:
         self.lock = threading.Lock()
         self.busy: set[int] = set()                       # ranks with a dump under way
         self.sampled_at: dict[int, float] = {}            # rank -> when its last dump began
+        self.gap: dict[int, tuple[float, tuple]] = {}     # rank -> (resample gap, last finding)
         self.compiling_since: dict[int, float | None] = {}
         self.worker_cpu: dict[int, float] = {}            # compile worker pid -> its CPU time
-        self.python_only: set[int] = set()                # pids py-spy gives no native frames
+        self.python_only: dict[int, str] = {}             # pid -> why py-spy gives it no
+                                                          # native frames
+
+    def seen(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot as the sampler leaves it for the analysis: samples due are
+        handed to the pool; a rank a dump may be stopping counts as seen now (its
+        stall goes on: it made no progress); the snapshot says states are sampled."""
+        self.update(snapshot)
+        dumping = self.dumping()
+        ranks = {rank: replace(state, heartbeat_at=snapshot.taken_at)
+                 if rank in dumping and state.alive else state
+                 for rank, state in snapshot.ranks.items()}
+        return replace(snapshot, ranks=ranks, sampling=True)
 
     def update(self, snapshot: Snapshot) -> None:
         now = snapshot.taken_at
         for rank, state in snapshot.ranks.items():
             if not state.alive or state.identity.host != self.host:
                 continue
-            if now - last_progress(state) < STILL_S:
+            if now - last_progress(state) < STILL_S or _idle(state):
                 continue
             with self.lock:
-                if rank in self.busy or now - self.sampled_at.get(rank, 0.0) < RESAMPLE_S:
+                gap = self.gap.get(rank, (RESAMPLE_S, None))[0]
+                if rank in self.busy or now - self.sampled_at.get(rank, 0.0) < gap:
                     continue
                 self.busy.add(rank)
                 self.sampled_at[rank] = now
@@ -82,23 +99,35 @@ class StateSampler:
         try:
             sample = self.sample(rank, state.identity.pid)
             write_state(self.run_dir, rank, sample)
+            self._space(rank, (state.identity.pid, sample.activity, sample.frame))
         except OSError:
             pass                       # the run dir went away: nothing to tell
         finally:
             with self.lock:
                 self.busy.discard(rank)
 
+    def _space(self, rank: int, finding: tuple) -> None:
+        """The next sample of a rank that stays still comes later each time it finds
+        the same: a hang does not change, and each native dump pauses the rank."""
+        with self.lock:
+            gap, last = self.gap.get(rank, (RESAMPLE_S, None))
+            gap = min(2 * gap, MAX_RESAMPLE_S) if finding == last else RESAMPLE_S
+            self.gap[rank] = (gap, finding)
+
     def sample(self, rank: int, pid: int) -> ActivitySample:
+        """A Python-only dump first: it does not stop the rank and tells a collective
+        called from Python, a compile or a wait for work; only where it finds the
+        rank running its own code, a native one too (a C++ collective, a sleep)."""
         taken_at = time.time()
-        native = pid not in self.python_only
-        dump = py_spy_dump(pid, native=native, timeout=DUMP_TIMEOUT_S)
-        if native and dump.note and dump.threads is not None:
-            self.python_only.add(pid)  # said once why; later dumps skip the native attempt
-        frames = (dump.threads or {}).get(dump.main or "", [])
-        found = classify(frames)
-        sample = ActivitySample(activity=found.activity, taken_at=taken_at, pid=pid,
-                                frame=found.frame, rule=found.rule, frames=frames,
-                                native=native and not dump.note, note=dump.note)
+        dump = py_spy_dump(pid, timeout=DUMP_TIMEOUT_S, nonblocking=True)
+        sample = self._classified(pid, taken_at, dump, native=False)
+        if sample.activity == Activity.RUNNING and pid not in self.python_only:
+            native = py_spy_dump(pid, native=True, timeout=DUMP_TIMEOUT_S)
+            if native.note and native.threads is not None:
+                self.python_only[pid] = native.note   # later samples skip the native dump
+            if native.threads is not None:
+                sample = self._classified(pid, taken_at, native, native=not native.note)
+        sample.note = sample.note or self.python_only.get(pid)
         child = self._compiler_child(pid)
         if child is not None:
             sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
@@ -107,6 +136,20 @@ class StateSampler:
         self.compiling_since[rank] = since = (since or taken_at) if compiling else None
         sample.compiling_since = since
         return sample
+
+    @staticmethod
+    def _classified(pid: int, taken_at: float, dump, native: bool) -> ActivitySample:
+        frames = (dump.threads or {}).get(dump.main or "", [])
+        found = classify(frames)
+        return ActivitySample(activity=found.activity, taken_at=taken_at, pid=pid,
+                              frame=found.frame, rule=found.rule, frames=frames, native=native,
+                              note=dump.note)
+
+    def dumping(self) -> set[int]:
+        """The ranks a dump may be stopping now: their heartbeat stands still because
+        of diag, not of them."""
+        with self.lock:
+            return set(self.busy)
 
     def _compiler_child(self, pid: int) -> str | None:
         """'g++ (pid 123)' for a compiler the rank started, or a compile worker
@@ -130,6 +173,11 @@ class StateSampler:
             except psutil.Error:
                 continue
         return None
+
+
+def _idle(state: RankState) -> bool:
+    phase = state.open_phases[-1] if state.open_phases else None
+    return phase is not None and phase.name == Phase.DEQUEUE
 
 
 def write_state(run_dir: str, rank: int, sample: ActivitySample) -> None:

@@ -22,6 +22,8 @@ CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
 MENTION_STYLES = {Mention.CULPRIT: CULPRIT_STYLE, Mention.VICTIMS: VICTIM_STYLE}
 CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA error
+SAMPLE_SHOWN_S = 20.0   # a rank's last state sample is shown this long (diag launch
+                        # takes one every 2 to 16 s while the rank stays still)
 
 
 @dataclass
@@ -34,6 +36,7 @@ class RankRow:
     heartbeat_age_s: float
     last_collective: str    # "tp2 all_reduce #9 waiting", "pp send->6 #4"
     frame: str
+    doing: str = ""         # its last state sample: "compiling 42 s", "collective", ...
 
 
 def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
@@ -48,8 +51,17 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
             rank=rank, stage=_stage(state), state=status(rank, state),
             phase=phase.name if phase else None, step=max(steps) if steps else None,
             heartbeat_age_s=round(max(0.0, snapshot.taken_at - state.heartbeat_at), 3),
-            last_collective=_last_collective(state, groups), frame=state.frame))
+            last_collective=_last_collective(state, groups), frame=state.frame,
+            doing=_doing(state, snapshot.taken_at)))
     return rows
+
+
+def _doing(state: RankState, now: float) -> str:
+    """What the rank's recent state sample says, if it is of this process."""
+    sample = state.activity
+    if sample is None or sample.pid != state.identity.pid or now - sample.taken_at > SAMPLE_SHOWN_S:
+        return ""
+    return sample.text(now)
 
 
 def _statuses(verdicts: list[Verdict]):
@@ -146,8 +158,9 @@ def _rank_table(rows: list[RankRow], expand: bool) -> Table:
     the screen, the frame column gives way to the others, cut to `…`."""
     cells = [[str(row.rank), row.stage, row.state, shown(row.phase or ""),
               "" if row.step is None else str(row.step), f"{row.heartbeat_age_s:.1f}s",
-              shown(row.last_collective), shown(row.frame)] for row in rows]
-    headers = ("rank", "pp/tp", "state", "phase", "step", "hb age", "last collective", "frame")
+              shown(row.doing), shown(row.last_collective), shown(row.frame)] for row in rows]
+    headers = ("rank", "pp/tp", "state", "phase", "step", "hb age", "doing", "last collective",
+               "frame")
     columns = [index for index in range(len(headers)) if any(cell[index] for cell in cells)]
     table = Table(show_edge=False, pad_edge=False, expand=expand)
     for index in columns:
