@@ -188,3 +188,31 @@ def test_where_ptrace_is_refused_a_tie_falls_back_to_positions_at_once_and_says_
     assert sorted(v.culprit_ranks for v in verdicts) == [[0], [1]]
     assert verdicts[0].evidence["states"][str(verdicts[0].culprit_ranks[0])].startswith(
         "unreadable (py-spy may not read")
+
+
+def startup_tie() -> tuple[Job, float]:
+    """tp=2, both in init_kv_cache (vLLM's profile run) for 30 s."""
+    job = Job(tp=2, pp=1)
+    for rank in (0, 1):
+        job.startup(rank, 10.0, stop_in=Phase.INIT_KV_CACHE)
+    job.now = 10.0 + 2 + 30.0
+    return job, job.now
+
+
+def test_a_start_up_rank_seen_computing_is_progress_and_its_waiting_peer_no_culprit():
+    """vLLM's profile run under load: rank 0 in a long GEMM, rank 1 in the
+    all-reduce after it. Positions alone called both stuck after 20 s."""
+    job, now = startup_tie()
+    assert [v.culprit_ranks for v in analyze(job.snapshot())] == [[0, 1]]
+    sample(job, 0, Activity.RUNNING, ["worker.py:1 profile_run", "[native] libtorch_cpu.so gemm"],
+           now - 1.0)
+    job.ranks[0].activity.busy = True
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, now - 1.0)
+    assert analyze(job.snapshot()) == []
+
+
+def test_a_start_up_rank_seen_blocked_outside_a_collective_is_the_culprit_alone():
+    job, now = startup_tie()
+    sample(job, 0, Activity.SLEEPING, SLEEPING, now - 1.0)
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, now - 1.0)
+    assert summary(analyze(job.snapshot())) == [(VerdictKind.STUCK_IN_PHASE, [0], [1])]

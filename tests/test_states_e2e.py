@@ -85,15 +85,33 @@ def _started(source: str) -> subprocess.Popen:
 def test_the_sampler_reads_a_sleeping_process_with_native_frames(tmp_path):
     from diagnose.launch.states import StateSampler
     proc = _started(SLEEPER)
+    sampler = StateSampler(str(tmp_path))
     try:
         __import__("time").sleep(1.0)
-        sample = StateSampler(str(tmp_path)).sample(0, proc.pid)
+        sampler.sample(0, proc.pid)
+        sample = sampler.sample(0, proc.pid)
     finally:
         proc.kill()
         proc.wait()
     assert sample.activity == "sleeping" and sample.native, sample
     assert sample.frame.startswith("[native] ") and "sleep" in sample.frame
     assert any("wait_for_service" in frame for frame in sample.frames)
+    assert not sample.busy                         # blocked: no CPU between its samples
+
+
+def test_a_process_computing_between_two_samples_is_busy(tmp_path):
+    from diagnose.launch.states import StateSampler
+    proc = _started("print('READY', flush=True)\nwhile True:\n    pass\n")
+    sampler = StateSampler(str(tmp_path))
+    try:
+        first = sampler.sample(0, proc.pid)
+        __import__("time").sleep(1.0)
+        second = sampler.sample(0, proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not first.busy and second.busy       # the first has nothing to compare with
+    assert second.activity == "running"
 
 
 def test_a_real_compiler_child_makes_the_rank_compiling_whatever_its_stack(tmp_path):

@@ -45,7 +45,8 @@ def unseen_waits(view: View, rank: int, state: RankState) -> set[Node]:
     the probe cannot see (a compiled model's all-reduce, a CUDA graph replay): on
     the TP peers that have not begun its step, or, in a start-up phase, that have
     not reached or not finished it. A peer that went on past the rank is no
-    reason for it to wait."""
+    reason for it to wait; a rank seen doing its own work in a start-up phase
+    (a profile run's GEMM) waits on no one."""
     peers = tp_peers(view, rank)
     step = open_step(state)
     if step is not None:
@@ -54,6 +55,8 @@ def unseen_waits(view: View, rank: int, state: RankState) -> set[Node]:
     phase = innermost(state)
     if phase is None or phase.name not in STARTUP_PHASES:
         return set()
+    if not_waiting(state):
+        return set()                   # seen doing its own work: it waits on no one
     mine = MILESTONES.index(phase.name)
     return {peer for peer in peers if milestone(view.ranks[peer]) < mine
             or _inside(view.ranks[peer], phase.name)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.core.snapshot import PhaseEvent, RankState
-from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role
+from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Activity, Phase, Role
 
 LATE_HEARTBEAT_S = 0.5    # five heartbeats: a process this late was not run
 FREEZE_GRACE_S = 3.0      # a freeze this long is the host's doing, not a hang
@@ -15,16 +15,22 @@ def innermost(state: RankState) -> PhaseEvent | None:
 
 def last_progress(state: RankState) -> float:
     """A phase boundary or a collective event; in a start-up phase also a move of
-    the main thread's frame (compiling or loading weights runs long and never
-    blocks, which a hang does)."""
+    the main thread's frame, or a state sample that found the process computing
+    (compiling, loading weights or a profile run's long kernels run long and
+    never block, which a hang does)."""
     times = [state.started_at]
     for event in state.phases + state.open_phases:
         times.append(event.start if event.end is None else event.end)
     for record in state.collectives:
         times.append(record.t_enqueue if record.t_complete is None else record.t_complete)
     phase = innermost(state)
-    if state.frame_moved_at is not None and phase is not None and phase.name in STARTUP_PHASES:
-        times.append(state.frame_moved_at)
+    if phase is not None and phase.name in STARTUP_PHASES:
+        if state.frame_moved_at is not None:
+            times.append(state.frame_moved_at)
+        sample = state.activity
+        if (sample is not None and sample.busy and sample.pid == state.identity.pid
+                and sample.activity == Activity.RUNNING):
+            times.append(sample.taken_at)
     return max(times)
 
 

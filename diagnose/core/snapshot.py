@@ -111,6 +111,8 @@ class ActivitySample:
     native: bool = False           # the frames include native ones (py-spy --native)
     note: str | None = None        # why not native, or why no stack at all
     compiling_since: float | None = None  # compiling in every sample since then
+    busy: bool = False             # its process used CPU since the sample before (2% of the
+                                   # time at least): it computes, it is not blocked
 
     def text(self, now: float) -> str:
         """'compiling 42 s', 'collective', 'sleeping': for people."""

@@ -40,6 +40,9 @@ DUMP_TIMEOUT_S = 10.0
 COMPILERS = frozenset({"cc", "cc1", "cc1plus", "c++", "gcc", "g++", "clang", "clang++", "ld",
                        "ld.lld", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "ninja"})
 COMPILE_WORKER = "compile_worker"   # Inductor's pool: alive between compiles, busy in one
+BUSY_SHARE = 0.02      # CPU seconds per second that make a sampled rank busy: a blocked
+                       # one spends next to none; a computing one on a host loaded 20
+                       # times over its cores still gets this much
 
 
 class StateSampler:
@@ -53,6 +56,7 @@ class StateSampler:
         self.gap: dict[int, tuple[float, tuple]] = {}     # rank -> (resample gap, last finding)
         self.compiling_since: dict[int, float | None] = {}
         self.worker_cpu: dict[int, float] = {}            # compile worker pid -> its CPU time
+        self.rank_cpu: dict[int, tuple[float, float]] = {}  # pid -> (when, its CPU time)
         self.python_only: dict[int, str] = {}             # pid -> why py-spy gives it no
                                                           # native frames
 
@@ -99,7 +103,7 @@ class StateSampler:
         try:
             sample = self.sample(rank, state.identity.pid)
             write_state(self.run_dir, rank, sample)
-            self._space(rank, (state.identity.pid, sample.activity, sample.frame))
+            self._space(rank, (state.identity.pid, sample.activity, sample.frame, sample.busy))
         except OSError:
             pass                       # the run dir went away: nothing to tell
         finally:
@@ -111,7 +115,8 @@ class StateSampler:
         the same: a hang does not change, and each native dump pauses the rank."""
         with self.lock:
             gap, last = self.gap.get(rank, (RESAMPLE_S, None))
-            gap = min(2 * gap, MAX_RESAMPLE_S) if finding == last else RESAMPLE_S
+            busy = finding[-1]          # a busy rank's samples are its progress: keep them
+            gap = min(2 * gap, MAX_RESAMPLE_S) if finding == last and not busy else RESAMPLE_S
             self.gap[rank] = (gap, finding)
 
     def sample(self, rank: int, pid: int) -> ActivitySample:
@@ -128,6 +133,7 @@ class StateSampler:
             if native.threads is not None:
                 sample = self._classified(pid, taken_at, native, native=not native.note)
         sample.note = sample.note or self.python_only.get(pid)
+        sample.busy = self._busy(pid, taken_at)
         child = self._compiler_child(pid)
         if child is not None:
             sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
@@ -150,6 +156,17 @@ class StateSampler:
         of diag, not of them."""
         with self.lock:
             return set(self.busy)
+
+    def _busy(self, pid: int, now: float) -> bool:
+        """The process used CPU for at least BUSY_SHARE of the time since its last
+        sample: it computes (a long kernel), it is not blocked."""
+        try:
+            cpu = sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.Error:
+            return False
+        last = self.rank_cpu.get(pid)
+        self.rank_cpu[pid] = (now, cpu)
+        return last is not None and cpu - last[1] >= BUSY_SHARE * (now - last[0])
 
     def _compiler_child(self, pid: int) -> str | None:
         """'g++ (pid 123)' for a compiler the rank started, or a compile worker
