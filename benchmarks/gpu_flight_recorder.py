@@ -50,6 +50,17 @@ def gpu_apps() -> list[str]:
     return [line for line in done.stdout.splitlines() if line.strip()]
 
 
+def last_records(fr_dir: str) -> dict:
+    """Each dump's last three calls as diag reads them: group, op, seq, state."""
+    from diagnose.offline.flight_recorder import FlightRecorderError, read_fr_dir
+    try:
+        run = read_fr_dir(fr_dir)
+    except (FlightRecorderError, OSError) as error:
+        return {"error": str(error)}
+    return {str(rank): [f"{r.group} {r.op} #{r.seq} {r.state}" for r in state.collectives[-3:]]
+            for rank, state in run.snapshot.ranks.items()}
+
+
 def diag(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "diagnose.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -102,6 +113,7 @@ def run_case(out: str, work: str, nproc: int, port: int) -> dict:
             "diag_exit_after_verdict_s": None if verdict_at is None else
             round(ended - verdict_at, 2),
             "analyze_exit_code": analyzed.returncode, "analyze_flight_recorder": recorded,
+            "dump_last_records": last_records(os.path.join(run_dir, "fr")),
             "gpu_apps_after": gpu_apps(), "stderr_tail": [line for _, line in lines][-25:]}
 
 
