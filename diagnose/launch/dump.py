@@ -61,16 +61,16 @@ def dump_run(run_dir: str, native: bool = False) -> dict:
 
 
 def render_dump(body: dict, console: Console | None = None) -> None:
-    """Each rank's stacks: the probe's own, and py-spy's where the probe gave none;
-    with --native, py-spy's for every rank, its native frames marked."""
+    """Each rank's stacks, both that it has: the probe's own (from inside), and
+    py-spy's (from outside; with --native, its native frames marked)."""
     console = console or output_console(highlight=False)
+    spy = "py-spy --native" if body["native"] else "py-spy"
     for name in sorted(set(body["stacks"]) | set(body["py_spy"]), key=_order):
-        spied = body["py_spy"].get(name)
-        if spied is not None and (body["native"] or name not in body["stacks"]):
-            source, threads = "py-spy --native" if body["native"] else "py-spy", spied
-        else:
-            source, threads = "probe", body["stacks"][name]
-        console.print(_tree(Text.assemble((_title(name), "bold"), f" ({source})"), threads))
+        for source, threads in (("probe", body["stacks"].get(name)),
+                                (spy, body["py_spy"].get(name))):
+            if threads is not None:
+                console.print(_tree(Text.assemble((_title(name), "bold"), f" ({source})"),
+                                    threads))
     console.print(Text(f"written to {shown(body['path'])}", style="dim"))
     for note in body["notes"]:
         console.print(Text(f"note: {shown(note)}", style="dim"))
