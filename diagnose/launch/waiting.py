@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from diagnose.core.snapshot import Snapshot
 from diagnose.probe import marks
 
-WAITING_S = 5.0
+WAITING_S = 10.0
 
 
 @dataclass
