@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from diagnose.analysis.doing import not_waiting, waits_on_peers
+from diagnose.analysis.outside import stack_waits
 from diagnose.analysis.position import (entered_step, innermost, milestone, open_step,
                                         tp_peers)
 from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, gpu_behind, unfinished
@@ -26,6 +27,8 @@ def wait_for_graph(view: View) -> dict[Node, set[Node]]:
             graph[rank] |= record_waits(view, rank, record)
             if gpu_behind(record):
                 continue               # it waits on its own GPU, whatever its host does next
+        elif state.only_stacks:
+            graph[rank] |= stack_waits(view, rank, state)
         elif state.identity.role == Role.WORKER:
             graph[rank] |= unseen_waits(view, rank, state)
         phase = innermost(state)

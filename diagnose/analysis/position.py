@@ -131,6 +131,8 @@ def limit_phase(view: View, node: Node) -> str | None:
     between phases the next phase of its start-up/step sequence."""
     state = view.state(node)
     phase = innermost(state)
+    if state.only_stacks:
+        return None                     # nothing but its stack: the steady-state limit
     if node != DRIVER and ring_behind(view, node):
         return Phase.EXECUTE_MODEL          # a message waits to be read: a step is due
     if phase is not None:

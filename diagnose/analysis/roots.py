@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 from diagnose.analysis.doing import sample_wait, states_evidence
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
+from diagnose.analysis.outside import stack_text
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
                                         last_progress, last_step, limit_phase, milestone,
                                         open_step, phase_name, ring_behind, seen_until, tp_peers,
@@ -42,7 +43,8 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return None                      # it ended, and not as a death (dead_verdicts' part)
     if node == DRIVER and not has_phase:
         return None                      # an idle driver: the server has nothing to do
-    if not has_phase and not victims and state.identity.role != Role.WORKER:
+    if not has_phase and not victims and (state.identity.role != Role.WORKER
+                                          or state.only_stacks):
         return None                      # nothing says this process should be doing anything
     if not has_phase and (view.snapshot.command_exit is not None
                           or driver_shutting_down(view.snapshot)):
@@ -137,8 +139,11 @@ def _unseen_cycle(view: View, component: set[Node]) -> bool:
 def _stalled_since(view: View, node: Node, victims: set[Node]) -> float:
     """When the process stopped moving. A worker that has not read a broadcast its
     peers took stalls from the moment they started that step; a rank that left
-    no trace at all (a missing dump) from when the first rank began to wait."""
+    no trace at all (a missing dump) from when the first rank began to wait; a
+    rank known only by its stacks from when they last moved."""
     state = view.state(node)
+    if state.only_stacks:
+        return state.frame_moved_at or state.started_at
     if node != DRIVER and not (state.collectives or state.phases or state.open_phases):
         waits = [view.pending[rank].t_enqueue for rank in ranks_of(victims) if rank in view.pending]
         return min(waits, default=state.started_at)
@@ -223,6 +228,8 @@ def _root_words(view: View, node: Node, kind: VerdictKind, reached: str | None, 
     words = Words().culprit(who(view, node))
     if state.phases or state.open_phases:
         stuck = f"{where(state)}{step_text(state)} for {stall:.0f} s{at_frame(state)}"
+    elif state.only_stacks:
+        return words.add(f" {stack_text(state, stall)}")
     else:
         stuck = _last_call_text(state, stall)
     if kind == VerdictKind.NEVER_REACHED:

@@ -160,6 +160,13 @@ class RankState:
         return self.open_phases[-1] if self.open_phases else None
 
     @property
+    def only_stacks(self) -> bool:
+        """Known only by what was seen from outside (diag attach): a sample of what
+        it does and its stacks, no phase or collective of its own."""
+        return self.activity is not None and not (self.phases or self.open_phases
+                                                  or self.collectives)
+
+    @property
     def ended_normally(self) -> bool:
         """Its probe marked a normal interpreter end: Phase.EXIT, entered last."""
         events = self.phases + self.open_phases
