@@ -7,6 +7,9 @@ from dataclasses import asdict
 import pytest
 
 from diagnose.analysis import analyze
+from diagnose.attach.discover import JobProcess, layout_flags, place_from_name
+from diagnose.attach.ptrace import refusal
+from diagnose.attach.sample import Sample, Samples
 from diagnose.core.layout import Layout
 from diagnose.core.snapshot import ActivitySample, Identity, RankState, Snapshot
 from diagnose.core.vocab import Activity
@@ -16,6 +19,58 @@ from synthetic import Job
 from diagnose.offline.synth import hung_job
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("title, comm, told", [
+    ("VLLM::Worker_PP1_TP0", "VLLM::Worker_PP", ("vllm title", 0, 1)),
+    ("VLLM::Worker_TP1", "VLLM::Worker_TP", ("vllm title", 1, 0)),
+    ("VLLM::Worker", "VLLM::Worker", ("vllm title", 0, 0)),
+    ("", "VLLM::Worker_PP1_TP1", ("vllm title", 1, 1)),      # a title read from comm
+    ("python -c from multiprocessing.spawn import spawn_main", "engine-rank-6",
+     ("engine name", None, None)),
+])
+def test_a_rank_is_told_by_its_title_or_name(title, comm, told):
+    place = place_from_name(title, comm)
+    assert (place.source, place.tp_rank, place.pp_rank) == told
+    if place.source == "engine name":
+        assert place.rank == 6
+
+
+@pytest.mark.parametrize("title, comm", [
+    ("VLLM::EngineCore", "VLLM::EngineCor"), ("VLLM::Worker_DP1", "VLLM::Worker_D"),
+    ("python train.py", "python"), ("engine-rank-x", "engine-rank-x"),
+])
+def test_other_processes_are_no_ranks(title, comm):
+    assert place_from_name(title, comm) is None
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("vllm serve m -tp 2 -pp 2", (2, 2)),
+    ("python -m engine serve m --tensor-parallel-size=4", (4, 1)),
+    ("python -m engine generate --pipeline_parallel_size 4 -tp 2", (2, 4)),
+    ("vllm serve m", None),
+    ("vllm serve m -tp x", None),
+])
+def test_the_layout_from_vllm_and_engine_flags(command, flags):
+    assert layout_flags([JobProcess(1, 0.0, 0, command)]) == flags
+
+
+def test_a_rank_moved_when_its_python_frames_changed():
+    still, moving = Samples(), Samples()
+    for at in (1.0, 2.0, 3.0):
+        still.taken.append(Sample(at, {"MainThread": ["a.py:1 main", "b.py:2 wait"]}))
+        moving.taken.append(Sample(at, {"MainThread": ["a.py:1 main", f"b.py:{at} step"]}))
+    still.taken.append(Sample(4.0, {"MainThread": ["a.py:1 main", "[native] libc.so.6 poll"]},
+                              native=True))       # a native dump is not compared
+    assert (still.moved(), still.moved_at()) == (False, 1.0)
+    assert (moving.moved(), moving.moved_at()) == (True, 3.0)
+
+
+def test_the_refusal_names_what_would_allow_it():
+    line = refusal(42, 0, "rank 3")
+    assert line.startswith("may not read the stacks of pid 42 (rank 3): ptrace is not permitted")
+    assert "run diag as root" in line and "--cap-add SYS_PTRACE" in line
+    assert "kernel.yama.ptrace_scope" in line and "\n" not in line
 
 
 def test_a_snapshot_written_as_json_is_judged_again_the_same(tmp_path):

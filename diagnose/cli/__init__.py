@@ -1,5 +1,5 @@
 """The `diag` command: one subcommand per job, each in the module named for what
-it looks at (analyze.py, launch.py, runs.py: dump, tui, demo; offline.py: logs,
+it looks at (analyze.py, attach.py, launch.py, runs.py: dump, tui, demo; offline.py: logs,
 synth). A subcommand is a function that adds its parser to `commands` (with
 common.add_command, so that its --help ends with its exit codes and examples)
 and sets `run` to the function that carries it out; add it to SUBCOMMANDS.
@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from diagnose.cli.analyze import add_analyze
+from diagnose.cli.attach import add_attach
 from diagnose.cli.common import (DEBUG_VAR, EXIT_ERROR, EXIT_HEALTHY, EXIT_INTERNAL,
                                  EXIT_INTERRUPTED, EXIT_VERDICTS, Parser, UsageError)
 from diagnose.cli.launch import add_launch
@@ -27,7 +28,8 @@ from diagnose.core.shown import shown
 __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_VERDICTS",
            "DEBUG_VAR", "SUBCOMMANDS", "build_parser", "main"]
 
-SUBCOMMANDS = (add_launch, add_analyze, add_dump, add_tui, add_logs, add_synth, add_demo)
+SUBCOMMANDS = (add_launch, add_attach, add_analyze, add_dump, add_tui, add_logs, add_synth,
+               add_demo)
 EPILOG = """Each command's --help lists its options, exit codes and examples.
 exit codes: 0 healthy, 1 verdicts found, 2 bad input, 3 a bug in diag, 4 (diag launch)
 the job crashed, 128+N diag was ended by signal N; never the command's own code."""

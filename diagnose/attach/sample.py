@@ -1,0 +1,142 @@
+"""Every process's stacks, taken several times over a few seconds with py-spy,
+all processes of a round at once: a main thread whose frames do not change
+while its peers wait is stuck; one whose frames change makes progress.
+
+The rounds take Python frames (a dump costs ~0.1 s). Where those leave open
+what a process waits on, a native dump beside them says what the C code under
+its last Python frame does: a gloo or shared-memory all-reduce inside a
+compiled graph, a sleep, a lock. Where the Python frames already say it (a
+c10d collective, a wait for work, a compile), native frames would say the same
+(analysis.activity decides by the innermost frame that says what it waits
+on), and they cost seconds: unwinding a process that loaded libtorch took 4-7
+s on a loaded 2-core machine.
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from diagnose.analysis.activity import classify
+from diagnose.core.progress import Advance, quiet
+from diagnose.core.vocab import Activity
+from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
+
+MAIN_THREAD = "MainThread"
+NATIVE_BUDGET_S = 9.0
+TOLD_BY_PYTHON = (Activity.COLLECTIVE, Activity.IDLE, Activity.COMPILING, Activity.GPU_WAIT)
+
+
+@dataclass
+class Sample:
+    at: float                                 # time.time() when the dump returned
+    threads: dict[str, list[str]] | None      # None: py-spy gave nothing this time
+    native: bool = False                      # taken with --native
+    main: str | None = None                   # the name in threads of the main thread
+
+    @property
+    def main_frames(self) -> list[str]:
+        return main_thread(self.threads, self.main) if self.threads else []
+
+
+@dataclass
+class Samples:
+    """One process's dumps over the sampling, oldest first."""
+    taken: list[Sample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # py-spy's, each once
+    denied: bool = False                             # ptrace was refused
+
+    @property
+    def last(self) -> dict[str, list[str]] | None:
+        return self.last_sample.threads if self.last_sample else None
+
+    @property
+    def last_sample(self) -> Sample | None:
+        return next((s for s in reversed(self.taken) if s.threads is not None), None)
+
+    def moved(self) -> bool:
+        """The main thread's Python frames changed between two dumps."""
+        seen = self._python_dumps()
+        return len(seen) > 1 and self.moved_at() > seen[0].at
+
+    def moved_at(self) -> float | None:
+        """When the main thread's Python frames were last seen to change; the first
+        dump's time where they never did; None without two dumps to compare. Only
+        Python-only dumps are compared: a native one may name Python frames
+        otherwise."""
+        seen = self._python_dumps()
+        if len(seen) < 2:
+            return None
+        moved = seen[0].at
+        for before, after in zip(seen, seen[1:]):
+            if after.main_frames != before.main_frames:
+                moved = after.at
+        return moved
+
+    def _python_dumps(self) -> list[Sample]:
+        return [s for s in self.taken if s.threads is not None and not s.native]
+
+
+def main_thread(threads: dict[str, list[str]], main: str | None = None) -> list[str]:
+    """The thread whose OS id is the pid (py-spy's `main`), else the one named
+    MainThread, else the first."""
+    for name in (main, MAIN_THREAD):
+        if name in threads:
+            return threads[name]
+    return next(iter(threads.values()), [])
+
+
+def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
+           advance: Advance = quiet, dump=py_spy_dump) -> dict[str, Samples]:
+    """`rounds` Python dumps of each process, a round every interval_s, read
+    without pausing it; with native, one native dump as well of each process
+    whose first Python frames do not say what it waits on (running its own code,
+    or only how it waits: a sleep, a poll), running beside the rounds (it pauses
+    the process, and unwinding libtorch takes seconds), as many at a time as
+    there are CPUs, all within NATIVE_BUDGET_S. advance(1, what) after each dump."""
+    samples = {name: Samples() for name in pids}
+    deadline = time.monotonic() + NATIVE_BUDGET_S
+    natives = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(pids))) as rounds_pool, \
+            ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as native_pool:
+        for index in range(rounds):
+            started = time.monotonic()
+            futures = {name: rounds_pool.submit(dump, pid, nonblocking=True)
+                       for name, pid in pids.items()}
+            for name, future in futures.items():
+                _keep(samples[name], future.result(), False)
+                advance(1, f"round {index + 1}/{rounds}")
+            if any(s.denied for s in samples.values()):
+                break
+            if native and index == 0:
+                natives = {name: native_pool.submit(_native, dump, pid, deadline)
+                           for name, pid in pids.items() if not _told(samples[name])}
+            if index < rounds - 1:
+                time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        for name, future in natives.items():
+            _keep(samples[name], future.result(), True)
+            advance(0, f"native frames of {name}")
+    return samples
+
+
+def _told(samples: Samples) -> bool:
+    """Its Python frames say what it waits on (a collective, work, a compile):
+    native frames would add little."""
+    last = samples.last_sample
+    return last is not None and classify(last.main_frames).activity in TOLD_BY_PYTHON
+
+
+def _native(dump, pid: int, deadline: float) -> ExternalStacks:
+    left = deadline - time.monotonic()
+    if left < 1.0:
+        return ExternalStacks(None, f"no native frames for pid {pid}: no time left of the "
+                                    f"{NATIVE_BUDGET_S:g} s native frames get; Python frames only")
+    return dump(pid, native=True, timeout=left)
+
+
+def _keep(samples: Samples, stacks: ExternalStacks, native: bool) -> None:
+    samples.taken.append(Sample(time.time(), stacks.threads, native, stacks.main))
+    samples.denied = samples.denied or stacks.denied
+    if stacks.note and stacks.note not in samples.notes:
+        samples.notes.append(stacks.note)

@@ -1,0 +1,104 @@
+"""diag attach on real vLLM (0.32, its CPU build) started without diag: tp=2 pp=2,
+compiled as vLLM serves by default, serving one request after another. First
+healthy (no hang: ranks progressing), then with rank 2 asleep inside its
+CALL-th Worker.execute_model, put there by the tests' vLLM plugin
+(tests/vllm_env/faultplugin, HS_TEST_FAULT): its peers wait for it in the
+step's collectives. One vLLM start for both: each costs minutes here."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "
+                                 "run ./setup.sh --vllm (CI does)"),
+              pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[1]
+CALL = 200            # some 20 requests in: time for the healthy look first
+FAULT = f"rank=2,call={CALL},kind=sleep"
+FIRED = f"hs_test_faults: rank 2 call {CALL}: sleep"
+VERDICT_WITHIN_S = 15.0
+
+
+def tree(pid: int) -> set[int]:
+    root = psutil.Process(pid)
+    return {root.pid, *(child.pid for child in root.children(recursive=True))}
+
+
+def end(server: Server, pids: set[int]) -> None:
+    """SIGINT to vllm serve, then SIGKILL to whatever of its processes is left:
+    a worker asleep inside a step does not stop by itself."""
+    if server.process.poll() is None:
+        server.interrupt()
+    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)],
+                                 timeout=30)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    server.finish(timeout=60)
+
+
+def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "attach", str(pid),
+                           "--run-dir", str(run_dir), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    return done, time.monotonic() - start
+
+
+def test_vllm_tp2_pp2_healthy_then_a_rank_asleep_inside_execute_model(tmp_path_factory,
+                                                                      tmp_path):
+    checkpoint = make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+    port = free_port()
+    server = Server.start(serve_command(checkpoint, port, 2, 2), port,
+                          tmp_path_factory.mktemp("vllm-cache"), 4, tmp_path / "vllm.log",
+                          tidy_shm=True, env={"HS_TEST_FAULT": FAULT})
+    pids: set[int] = set()
+    stop = threading.Event()
+    try:
+        server.wait_ready()
+        pids = tree(server.process.pid)
+        texts: list[str] = []
+        server.keep_busy(stop, texts)
+        while not texts:
+            assert server.process.poll() is None, server.tail()
+            time.sleep(0.5)
+        healthy, took = attach(server.process.pid, tmp_path / "healthy")
+        print(f"\ndiag attach time to verdict: vLLM tp2 pp2 under load: {took:.1f} s")
+        assert FIRED not in server.log.read_text(errors="replace"), "fired too soon: raise CALL"
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        body = json.loads(healthy.stdout)
+        assert body["verdicts"] == [] and body["attach"]["moving"], body["attach"]
+        deadline = time.monotonic() + 300
+        while FIRED not in server.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, server.tail()
+            time.sleep(0.5)
+        time.sleep(2.0)                     # its peers go on into the step and wait there
+        done, took = attach(server.process.pid, tmp_path / "attach")
+        print(f"diag attach time to verdict: vLLM tp2 pp2, rank 2 asleep: {took:.1f} s")
+        assert done.returncode == 1, done.stderr
+        body = json.loads(done.stdout)
+        assert [v["culprit_ranks"] for v in body["verdicts"]] == [[2]], body["verdicts"]
+        assert "rank 2 (pp 1/2, tp 0)" in body["verdicts"][0]["summary"]
+        assert took < VERDICT_WITHIN_S
+        # untouched: every process still runs, rank 2 still asleep in the plugin
+        assert tree(server.process.pid) == pids
+        assert f"rank 2 call {CALL}: sleep done" not in server.log.read_text(errors="replace")
+    finally:
+        stop.set()
+        end(server, pids)
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
