@@ -1,8 +1,8 @@
 """diag attach on the screen: what it found under the pid, the verdicts and the
 rank table (the same report as every command's), then each process's stack
 as the last sample saw it, innermost frames last, and whether it moved.
-Everything a process wrote about itself (titles, frames) goes through rich's
-Text, which drops control characters."""
+Everything a process wrote about itself (titles, frames) goes through
+core.shown."""
 from __future__ import annotations
 
 from rich.console import Console
@@ -11,6 +11,7 @@ from rich.text import Text
 from diagnose.analysis.activity import classify
 from diagnose.attach.run import Attached, moving_ranks
 from diagnose.core.frames import is_native
+from diagnose.core.shown import shown
 from diagnose.launch.dump import NATIVE_STYLE
 from diagnose.offline import report
 from diagnose.offline.console import output_console
@@ -30,7 +31,7 @@ def render_attached(attached: Attached, run_dir: str, console: Console | None = 
     culprits = {rank for verdict in attached.verdicts for rank in verdict.culprit_ranks}
     for name in attached.samples:
         console.print(_stack(attached, name, name.isdigit() and int(name) in culprits))
-    console.print(Text(f"run dir: {run_dir} (diag analyze / diag tui open it); "
+    console.print(Text(f"run dir: {shown(run_dir)} (diag analyze / diag tui open it); "
                        f"{attached.took_s:.1f} s from the call", style="dim"))
 
 
@@ -39,7 +40,7 @@ def found_line(attached: Attached) -> Text:
     shape = (f"tp {job.layout.tp_size} x pp {job.layout.pp_size}" if job.layout
              else f"world size {job.world_size}")
     text = Text(f"diag attach: pid {job.root.pid} ")
-    text.append(f"({job.root.title[:80]})", style="dim")
+    text.append(f"({shown(job.root.title[:80])})", style="dim")
     text.append(f": {job.kind}, {shape}, {len(job.ranks)} ranks found")
     if job.driver is not None:
         text.append(f"; driver pid {job.driver.pid}")
@@ -62,6 +63,6 @@ def _stack(attached: Attached, name: str, culprit: bool) -> Text:
     if not frames:
         text.append("    no stack (see the notes)\n", style="dim")
     for frame in frames[-SHOWN_FRAMES:]:
-        shown = frame if len(frame) <= FRAME_CHARS else frame[:FRAME_CHARS - 3] + "..."
-        text.append(f"    {shown}\n", style=NATIVE_STYLE if is_native(frame) else None)
+        cut = frame if len(frame) <= FRAME_CHARS else frame[:FRAME_CHARS - 3] + "..."
+        text.append(f"    {shown(cut)}\n", style=NATIVE_STYLE if is_native(frame) else None)
     return text
