@@ -216,3 +216,44 @@ def test_a_start_up_rank_seen_blocked_outside_a_collective_is_the_culprit_alone(
     sample(job, 0, Activity.SLEEPING, SLEEPING, now - 1.0)
     sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, now - 1.0)
     assert summary(analyze(job.snapshot())) == [(VerdictKind.STUCK_IN_PHASE, [0], [1])]
+
+
+def test_a_job_that_ended_after_a_rank_raised_crashed_and_names_its_first_failure():
+    from diagnose.analysis.crash import crash_of
+    from diagnose.offline.report import renderable, to_json
+    from rich.console import Console
+    job, t = vllm_tp2(steps=3, now_after=2.0)
+    caught_exception(job, t, 1, 3)
+    later = job.ranks[0]
+    later.error = RaisedError(pid=later.identity.pid, at=t + 1.0, phase=Phase.DEQUEUE, step=4,
+                              error="RuntimeError: cancelled", frame=None)
+    assert crash_of(job.snapshot()) is None               # still running: no crash yet
+    job.command_exit = 0                                  # vLLM's server exits 0 after it
+    crash = crash_of(job.snapshot())
+    assert crash.rank == 1 and crash.at == t + 0.05
+    assert "raised RuntimeError: injected by the plugin in execute_model step 3" in crash.summary
+    assert to_json(job.snapshot(), [], crash=crash)["crashed"]["rank"] == 1
+    console = Console(width=200, record=True)
+    console.print(renderable(job.snapshot(), [], crash=crash))
+    assert "[crashed] the job ended after a rank failed" in console.export_text()
+
+
+def test_a_shutdown_error_alone_is_no_crash():
+    from diagnose.analysis.crash import crash_of
+    job, t = vllm_tp2(steps=3, now_after=2.0)
+    state = job.ranks[1]
+    state.error = RaisedError(pid=state.identity.pid, at=t, phase=Phase.DEQUEUE, step=3,
+                              error="RuntimeError: cancelled", frame=None)
+    job.command_exit = 0
+    assert crash_of(job.snapshot()) is None
+
+
+def test_diag_launch_exits_crashed_for_a_job_that_ended_after_a_raise_and_1_for_a_hang():
+    from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
+    from diagnose.core.snapshot import Verdict
+    from diagnose.launch.launcher import judged_exit
+    raised = Verdict(kind=VerdictKind.RAISED, culprit_ranks=[1], victim_ranks=[0], summary="")
+    assert judged_exit([], 0, crashed=True) == EXIT_CRASHED       # vLLM exited 0 after it
+    assert judged_exit([], 0) == EXIT_HEALTHY
+    assert judged_exit([raised], 0) == EXIT_CRASHED               # the job ended by itself
+    assert judged_exit([raised], None) == EXIT_VERDICTS           # diag ended a hung job
