@@ -10,9 +10,10 @@ import signal
 import sys
 from importlib import metadata
 
-from engine.args import add_bench_args, add_engine_args, config_from_args
+from engine.args import add_bench_args, add_engine_args, config_from_args, human_int
 from engine.errors import EngineError
 from engine.model_config import ModelError
+from engine.openai_protocol import IDLE_TIMEOUT_S, MAX_PROMPT_CHARS
 from engine.sampling_params import SamplingParams
 from engine.vllm_flags import dashed, leftover_flags
 
@@ -96,6 +97,19 @@ def _add_generate(sub) -> argparse.ArgumentParser:
     return gen
 
 
+def _positive(parse):
+    """An argparse type: parse(text), which must be a finite number above 0."""
+    def value(text: str):
+        try:
+            number = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+        if not 0 < number < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
+        return number
+    return value
+
+
 def _add_serve(sub) -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve the OpenAI API over HTTP",
                          usage="python -m engine serve [MODEL] [options]")
@@ -109,6 +123,13 @@ def _add_serve(sub) -> argparse.ArgumentParser:
       help="run no API server on this node: a node other than the head (--node-rank 1 and up)")
     a("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
       help="no access log line per request (vLLM's name)")
+    a("--max-prompt-chars", type=_positive(human_int), default=MAX_PROMPT_CHARS, metavar="N",
+      help="refuse a prompt longer than N characters with a 400, before tokenizing it "
+           "(default: %(default)s)")
+    a("--idle-timeout", type=_positive(float), default=IDLE_TIMEOUT_S, metavar="SECONDS",
+      help="close a connection that sends no whole request within SECONDS of connecting or "
+           "of its last response, and refuse (408) a body slower than that (default: "
+           "%(default)s)")
     srv.set_defaults(run=_serve)
     return srv
 

@@ -12,6 +12,17 @@ from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams, SamplingParamsError
 
+MAX_PROMPT_CHARS = 1 << 20  # 2 to 8 times the text of a 128k-token prompt
+IDLE_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Limits:
+    """What one connection and one request may take: `engine serve`'s
+    --max-prompt-chars and --idle-timeout."""
+    max_prompt_chars: int = MAX_PROMPT_CHARS
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+
 
 class APIError(Exception):
     """A request the server refuses; becomes `{"error": {...}}` with an HTTP status."""

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.engine_core import resolve_device
 from engine.llm_engine import LLMEngine
 from engine.loader import ModelSource
+from engine.openai_protocol import Limits
 
 LOG = logging.getLogger("engine.serve")
 
@@ -57,3 +58,9 @@ class AccessLogger(AbstractAccessLogger):
         major, minor = request.version
         self.logger.info('%s "%s %s HTTP/%d.%d" %d %.3f s', request.remote, request.method,
                          request.path_qs, major, minor, response.status, time)
+
+
+def limits_line(limits: Limits) -> str:
+    return (f"limits: a prompt of at most {limits.max_prompt_chars} characters "
+            f"(--max-prompt-chars); a connection closed after {limits.idle_timeout_s:g} s "
+            f"without a whole request (--idle-timeout)")

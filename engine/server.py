@@ -1,9 +1,14 @@
 """`python -m engine serve`: the OpenAI API over HTTP (aiohttp), in front of one LLMEngine.
 
-One thread calls the engine (engine_loop.py). The event loop parses, tokenizes
-(the tokenizer is only read) and validates requests, and writes responses; a
-handler that ends early (its client went away) aborts its request. If a worker
-dies, every request fails naming the rank, and /health says why.
+One thread calls the engine (engine_loop.py). The event loop parses and
+validates requests and writes responses; prompts are tokenized in a worker
+thread (the tokenizer is only read, and lets go of the GIL while it works), so
+that a long prompt does not stall the requests beside it. A prompt over
+--max-prompt-chars is refused before it is tokenized, and a connection that
+sends no whole request within --idle-timeout (after connecting, or after its
+last response) is closed, as is a request whose body does not arrive within
+it. A handler that ends early (its client went away) aborts its request. If a
+worker dies, every request fails naming the rank, and /health says why.
 
 stdout has one line, `serving 'NAME' on http://HOST:PORT`, once the server listens;
 the log (what is served, then a line per request) goes to stderr (serve_log.py).
@@ -28,7 +33,7 @@ from engine.engine_loop import Delta, EngineLoop, unavailable
 from engine.llm_engine import LLMEngine
 from engine.loader import resolve_model
 from engine.model_config import ModelError
-from engine.openai_protocol import APIError, GenerateRequest, invalid
+from engine.openai_protocol import APIError, GenerateRequest, Limits, invalid
 from engine.sampling_params import SamplingParams
 
 MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids
@@ -36,12 +41,13 @@ ALL_INTERFACES = "0.0.0.0"  # vLLM's bind address without --host
 
 
 class OpenAIServer:
-    """The HTTP handlers. Everything here runs on the event loop."""
+    """The HTTP handlers. Everything here runs on the event loop, but tokenizing."""
 
-    def __init__(self, engine_loop: EngineLoop, model_name: str):
+    def __init__(self, engine_loop: EngineLoop, model_name: str, limits: Limits | None = None):
         self.engine_loop = engine_loop
         self.engine = engine_loop.engine     # read-only here: tokenizer and limits
         self.model_name = model_name
+        self.limits = limits or Limits()
         self.metrics = metrics.ServerMetrics(model_name, lambda: engine_loop.stats)
 
     def app(self) -> web.Application:
@@ -72,8 +78,8 @@ class OpenAIServer:
     # -- generation -----------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        gen = protocol.parse_completion(await _json_body(request))
-        req_id, token_ids, params = self._prepare(gen, "cmpl")
+        gen = protocol.parse_completion(await self._read_body(request))
+        req_id, token_ids, params = await self._prepare(gen, "cmpl")
         deltas = self._generate(req_id, token_ids, params)
         if gen.stream:
             return await self._stream_completion(request, gen, req_id, len(token_ids), deltas)
@@ -82,8 +88,8 @@ class OpenAIServer:
             req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        gen = protocol.parse_chat(await _json_body(request))
-        req_id, token_ids, params = self._prepare(gen, "chatcmpl")
+        gen = protocol.parse_chat(await self._read_body(request))
+        req_id, token_ids, params = await self._prepare(gen, "chatcmpl")
         deltas = self._generate(req_id, token_ids, params)
         if gen.stream:
             return await self._stream_chat(request, gen, req_id, len(token_ids), deltas)
@@ -91,11 +97,23 @@ class OpenAIServer:
         return web.json_response(protocol.chat_completion(
             req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
 
-    def _prepare(self, gen: GenerateRequest, id_prefix: str) -> tuple[str, list[int], SamplingParams]:
+    async def _read_body(self, request: web.Request):
+        """The body, read within the idle timeout: a client that trickles it holds
+        no handler for long."""
+        try:
+            async with asyncio.timeout(self.limits.idle_timeout_s):
+                return await _json_body(request)
+        except TimeoutError:
+            raise APIError(408, f"the request body did not arrive within "
+                           f"{self.limits.idle_timeout_s:g} s (--idle-timeout)",
+                           code="request_timeout") from None
+
+    async def _prepare(self, gen: GenerateRequest,
+                       id_prefix: str) -> tuple[str, list[int], SamplingParams]:
         if gen.model != self.model_name:
             raise APIError(404, f"the model '{gen.model}' does not exist (this server has "
                            f"'{self.model_name}')", "model", code="model_not_found")
-        token_ids = self._prompt_token_ids(gen)
+        token_ids = await asyncio.to_thread(self._prompt_token_ids, gen)
         max_len = self.engine.max_model_len
         if len(token_ids) >= max_len:
             raise APIError(400, f"the prompt has {len(token_ids)} tokens; this model's context "
@@ -109,19 +127,29 @@ class OpenAIServer:
         return f"{id_prefix}-{uuid.uuid4().hex}", token_ids, gen.sampling_params(max_tokens)
 
     def _prompt_token_ids(self, gen: GenerateRequest) -> list[int]:
+        """In a worker thread: the prompt's token ids, once it is known to be under the cap."""
         tokenizer = self.engine.tokenizer
         if gen.messages is not None:
             try:
                 text = tokenizer.apply_chat_template(gen.messages)
             except ModelError as error:
                 raise invalid(str(error), "messages") from None
+            self._check_prompt_size(text, "messages")
             return tokenizer.encode(text, add_special_tokens=False)
         if isinstance(gen.prompt, str):
+            self._check_prompt_size(gen.prompt, "prompt")
             return tokenizer.encode(gen.prompt)
         vocab_size = self.engine.model_config.vocab_size
         if not all(0 <= t < vocab_size for t in gen.prompt):
             raise invalid(f"prompt token ids must be in [0, {vocab_size})", "prompt")
         return list(gen.prompt)
+
+    def _check_prompt_size(self, text: str, param: str) -> None:
+        limit = self.limits.max_prompt_chars
+        if len(text) > limit:
+            raise APIError(400, f"the prompt has {len(text)} characters; this server takes at "
+                           f"most {limit} per request (--max-prompt-chars)", param,
+                           code="prompt_too_long")
 
     async def _generate(self, req_id: str, token_ids: list[int],
                         params: SamplingParams) -> AsyncIterator[Delta]:
@@ -272,6 +300,7 @@ class ServeOptions:
     port: int
     model_name: str           # what clients ask for
     access_log: bool
+    limits: Limits
 
 
 def serve(args) -> int:
@@ -282,8 +311,10 @@ def serve(args) -> int:
     engine = LLMEngine(config)
     try:
         serve_log.LOG.info(serve_log.engine_line(engine))
+        limits = Limits(args.max_prompt_chars, args.idle_timeout)
+        serve_log.LOG.info(serve_log.limits_line(limits))
         options = ServeOptions(args.host, args.port, args.served_model_name or args.model,
-                               access_log=not args.disable_uvicorn_access_log)
+                               access_log=not args.disable_uvicorn_access_log, limits=limits)
         asyncio.run(_serve_http(engine, options))
     finally:
         engine.shutdown()
@@ -295,8 +326,12 @@ async def _serve_http(engine: LLMEngine, options: ServeOptions) -> None:
     engine_loop = EngineLoop(engine, loop)
     access_log = {"access_log_class": serve_log.AccessLogger, "access_log": serve_log.LOG} \
         if options.access_log else {"access_log": None}
-    runner = web.AppRunner(OpenAIServer(engine_loop, options.model_name).app(),
-                           handler_cancellation=True, **access_log)
+    # aiohttp's keep-alive timer runs from the connection's start and from each
+    # response: a connection that sends no whole request (headers first) by then is
+    # closed, idle or sending its headers a byte at a time.
+    runner = web.AppRunner(OpenAIServer(engine_loop, options.model_name, options.limits).app(),
+                           handler_cancellation=True,
+                           keepalive_timeout=options.limits.idle_timeout_s, **access_log)
     await runner.setup()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -34,8 +34,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, with BOS first if the model wants it. A rendered chat prompt
-        already holds its special tokens: encode it with add_special_tokens=False."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        already holds its special tokens: encode it with add_special_tokens=False. It
+        goes through encode_batch, which lets other threads run while it works (encode
+        holds the GIL: a 4 MB prompt would stall the server's event loop for seconds)."""
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
