@@ -53,7 +53,7 @@ class Worker:
         pp_rank, tp_rank = layout.place(args.rank)
         probe.init(Role.WORKER, rank=args.rank, world_size=layout.world_size,
                    tp_rank=tp_rank, tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
-                   device=str(self.device), groups=layout.groups())
+                   device=str(self.device), groups=layout.groups_of(args.rank))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"

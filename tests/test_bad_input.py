@@ -85,7 +85,8 @@ def test_a_probe_header_with_pid_minus_one(tmp_path):
     assert_refused(diag_analyze(run), "pid -1 is no process's")
 
 
-@pytest.mark.parametrize("groups", ["tp0", {"tp0": "0,1"}, {"tp0": [0, "1"]}, [[0, 1]]])
+@pytest.mark.parametrize("groups", ["tp0", {"tp0": "0,x"}, {"tp0": "0-2000000"}, {"tp0": 7},
+                                    {"tp0": [0, "1"]}, [[0, 1]]])
 def test_identity_groups_of_the_wrong_type(tmp_path, groups):
     run, target = rank_file(tmp_path)
     with_identity(target, lambda identity: identity.update(groups=groups))

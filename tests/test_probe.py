@@ -76,7 +76,7 @@ TP_CHILD = """
     rank, store = int(sys.argv[1]), sys.argv[2]
     layout = Layout(tp_size=2, pp_size=1)
     probe.init("worker", rank=rank, world_size=2, tp_rank=rank, tp_size=2, pp_rank=0,
-               pp_size=1, groups=layout.groups())
+               pp_size=1, groups=layout.groups_of(rank))
     with probe.phase("init_distributed"):
         comm = Communicator(layout, rank, init_method=f"file://{store}")
 

@@ -42,6 +42,13 @@ class Layout:
         groups["pp"] = list(range(self.world_size))
         return groups
 
+    def groups_of(self, rank: int) -> dict[str, list[int]]:
+        """The groups `rank` is in: its TP group, and "pp" (every rank). A probe
+        lists only its own, so that its identity stays small at any scale; the
+        analysis takes the union."""
+        return {self.tp_group(rank): self.tp_ranks(self.place(rank)[0], self.pcp_rank(rank)),
+                "pp": list(range(self.world_size))}
+
     def name(self, rank: int) -> str:
         pp_rank, tp_rank = self.place(rank)
         return rank_name(rank, pp_rank, self.pp_size, tp_rank)
@@ -67,13 +74,7 @@ def rank_list(ranks, driver: bool = False) -> str:
     """[0, 1, 2, 3, 4, 5, 7] -> 'ranks 0-5 and 7'; [3] -> 'rank 3'; with
     driver=True the driver ends the list."""
     ranks = sorted(ranks)
-    runs, start = [], None
-    for index, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if index + 1 == len(ranks) or ranks[index + 1] != rank + 1:
-            runs.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
+    runs = _runs(ranks)
     if runs:
         runs[0] = f"{'rank' if len(ranks) == 1 else 'ranks'} {runs[0]}"
     if driver:
@@ -81,13 +82,32 @@ def rank_list(ranks, driver: bool = False) -> str:
     return runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
 
 
+def rank_ranges(ranks) -> str:
+    """[0, 1, 2, 3, 6] -> '0-3,6': what parse_ranks reads."""
+    return ",".join(_runs(ranks))
+
+
+def _runs(ranks) -> list[str]:
+    ranks = sorted(ranks)
+    runs, start = [], None
+    for index, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if index + 1 == len(ranks) or ranks[index + 1] != rank + 1:
+            runs.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return runs
+
+
 MAX_PARSED_RANKS = 1 << 20
 RANK_RANGE = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
 
 
 def parse_ranks(text: str) -> set[int]:
-    """'6' -> {6}; '0-3,6' -> {0, 1, 2, 3, 6}. Raises ValueError on anything else."""
+    """'6' -> {6}; '0-3,6' -> {0, 1, 2, 3, 6}. Raises ValueError on anything else,
+    and on more than MAX_PARSED_RANKS ranks in all (overlaps counted)."""
     ranks: set[int] = set()
+    count = 0
     for part in text.split(","):
         found = RANK_RANGE.fullmatch(part.strip())
         if found is None:
@@ -96,7 +116,8 @@ def parse_ranks(text: str) -> set[int]:
         high = int(found[2]) if found[2] else low
         if high < low:
             raise ValueError(f"the range {part.strip()} runs backwards")
-        if high - low >= MAX_PARSED_RANKS:
-            raise ValueError(f"the range {part.strip()} holds more than {MAX_PARSED_RANKS} ranks")
+        count += high - low + 1
+        if count > MAX_PARSED_RANKS:
+            raise ValueError(f"{text[:40]!r} holds more than {MAX_PARSED_RANKS} ranks")
         ranks.update(range(low, high + 1))
     return ranks

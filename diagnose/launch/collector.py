@@ -24,6 +24,7 @@ import psutil
 from diagnose.core import runfile
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
+from diagnose.core.groups import GroupReader
 from diagnose.core.schema import Document, NewerSchema, read_version
 from diagnose.core.frames import frame_label
 from diagnose.core.snapshot import (ActivitySample, FaultRecord, Identity, RaisedError, RankState,
@@ -50,6 +51,7 @@ class Collector:
         self.refused: list[str] = []     # those of them the run cannot be judged without
         self.unreadable: list[str] = []  # the probe files among them
         self._identities: dict[tuple, Identity] = {}
+        self._groups = GroupReader()
         self._stacks: dict[str, tuple[int, dict | None]] = {}
         self._side: dict[str, tuple[int, object]] = {}  # state and error files, by mtime
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
@@ -165,7 +167,9 @@ class Collector:
         if identity is None:
             fields = runfile.read_identity(fd, header)
             try:
+                groups = self._groups.read(fields.pop("groups", {}))
                 identity = checked(Identity, fields)
+                identity.groups = groups
             except ValueError as error:
                 raise runfile.ProbeFileError(f"identity fields: {error}") from None
             if identity.role != Role.DRIVER and not isinstance(identity.rank, int):

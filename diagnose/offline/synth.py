@@ -25,11 +25,14 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 
 import psutil
 
 from diagnose.core import runfile
+from diagnose.core.groups import encode as encode_groups
+from diagnose.core.layout import Layout
 from diagnose.core.snapshot import (CollectiveRecord, FaultRecord, Identity, PhaseEvent, RankState,
                                     Snapshot, WorkerExit)
 from diagnose.core.vocab import STARTUP_PHASES, Phase, Role, VerdictKind
@@ -49,8 +52,9 @@ class Job:
     def __init__(self, tp: int = 2, pp: int = 4, now: float = 1000.0, layers: int = 1):
         self.tp, self.pp, self.now = tp, pp, now
         self.allreduces = 2 * layers          # per forward: after attention and after the MLP
-        self.groups = {f"tp{p}": [p * tp + t for t in range(tp)] for p in range(pp)}
-        self.groups["pp"] = list(range(tp * pp))
+        self.layout = Layout(tp, pp)
+        every = list(range(tp * pp))          # one list, shared by every rank's identity
+        self.groups = {f"tp{p}": self.layout.tp_ranks(p) for p in range(pp)} | {"pp": every}
         self.ranks = {rank: self._state(rank) for rank in range(tp * pp)}
         self.driver = self._driver()
         self.seqs: dict[tuple, int] = {}
@@ -60,7 +64,8 @@ class Job:
         identity = Identity(role=Role.WORKER, rank=rank, world_size=self.tp * self.pp,
                             tp_rank=rank % self.tp, tp_size=self.tp, pp_rank=rank // self.tp,
                             pp_size=self.pp, host="host", pid=1000 + rank, device="cpu",
-                            groups=self.groups)
+                            groups={name: self.groups[name]      # its own, as a probe's
+                                    for name in (f"tp{rank // self.tp}", "pp")})
         return RankState(identity=identity, started_at=0.0, heartbeat_at=self.now - 0.05,
                          alive=True, open_phases=[], frame="engine/worker.py:120 busy_loop",
                          phases=[], collectives=[])
@@ -331,18 +336,31 @@ def write_run_dir(snapshot: Snapshot, run_dir: str) -> SynthRun:
     states = [(rank, state) for rank, state in snapshot.ranks.items()]
     if snapshot.driver is not None:
         states.append((None, snapshot.driver))
-    files = []
+    files, encoded = [], {}
     for rank, state in states:
         path = os.path.join(run_dir, runfile.probe_file_name(rank))
-        files.append((_write_probe(path, state, pid, create_time), state.frame))
+        identity = _identity_fields(state.identity, encoded)
+        files.append((_write_probe(path, state, identity, create_time), state.frame))
     run = SynthRun(run_dir, files)
     run.beat(1)
     return run
 
 
-def _write_probe(path: str, state: RankState, pid: int,
+def _identity_fields(identity: Identity, encoded: dict[int, str]) -> dict:
+    """The identity as the probe writes it, naming this process; each members
+    list encoded once (`encoded`, by the list's id): ranks share their groups."""
+    fields = {field.name: getattr(identity, field.name) for field in dataclass_fields(identity)}
+    groups = {}
+    for name, members in identity.groups.items():
+        if id(members) not in encoded:
+            encoded[id(members)] = encode_groups({name: members})[name]
+        groups[name] = encoded[id(members)]
+    return fields | {"host": socket.gethostname(), "pid": os.getpid(), "groups": groups}
+
+
+def _write_probe(path: str, state: RankState, identity: dict,
                  create_time: float) -> runfile.RunFileWriter:
-    identity = asdict(state.identity) | {"host": socket.gethostname(), "pid": pid}
+    pid = identity["pid"]
     writer = runfile.RunFileWriter(path, identity, pid, create_time, state.started_at)
     _replay_phases(writer, state.phases)
     for record in state.collectives:

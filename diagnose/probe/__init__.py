@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 
+from diagnose.core.groups import encode as encode_groups
 from diagnose.core.vocab import Phase, Role
 from diagnose.probe import rank_env
 from diagnose.probe.calls import OFF, Capture, PhaseCall, Replay
@@ -61,7 +62,7 @@ def init(role, rank=None, world_size=None, tp_rank=None, tp_size=None,
         "host": socket.gethostname(), "pid": os.getpid(), "device": str(device),
         "env": {key: value for key, value in os.environ.items()
                 if key in TRACED_ENV or key.startswith("NCCL_")},
-        "groups": groups or {},
+        "groups": encode_groups(groups or {}),
         "label": label,
     }
     _probe = Recorder(run_dir, identity)

@@ -110,7 +110,7 @@ def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
     vllm_collectives.layout = layout
     probe.init(Role.WORKER, rank=rank, world_size=layout.world_size, tp_rank=tp_rank,
                tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
-               device=device, groups=layout.groups(), label=label)
+               device=device, groups=layout.groups_of(rank), label=label)
     apply(_worker_class(parallel.worker_cls),
           [hook for hook in HOOKS if hook.module == WORKER_CLASS])
 
