@@ -20,24 +20,33 @@ def fold_consequences(verdicts: list[Verdict]) -> list[Verdict]:
     """`verdicts`, the most likely root cause first, with every consequence
     folded into the first verdict that explains it."""
     kept: list[Verdict] = []
+    first: dict[int, int] = {}      # rank -> the first kept verdict that explains it
     for verdict in verdicts:
-        cause = _explaining(kept, verdict)
-        if cause is None:
+        at = _explaining(kept, first, verdict)
+        if at is None:
             kept.append(verdict)
+            _note(first, len(kept) - 1, verdict)
         else:
-            _fold(cause, verdict)
+            _fold(kept[at], verdict)
+            _note(first, at, kept[at])
     return kept
 
 
-def _explaining(kept: list[Verdict], verdict: Verdict) -> Verdict | None:
-    blamed, waiting = set(verdict.culprit_ranks), set(verdict.victim_ranks)
-    for cause in kept:
-        explained = set(cause.culprit_ranks) | set(cause.victim_ranks)
-        if blamed & explained:
-            return cause
-        if verdict.kind == VerdictKind.STATE_UNREADABLE and waiting and waiting <= explained:
-            return cause    # its waiters wait on a culprit already named: nothing new
-    return None
+def _note(first: dict[int, int], at: int, cause: Verdict) -> None:
+    for rank in cause.culprit_ranks + cause.victim_ranks:
+        first.setdefault(rank, at)
+
+
+def _explaining(kept: list[Verdict], first: dict[int, int], verdict: Verdict) -> int | None:
+    """The index in `kept` of the first verdict that explains this one."""
+    found = min((first[rank] for rank in verdict.culprit_ranks if rank in first), default=None)
+    waiting = set(verdict.victim_ranks)
+    if verdict.kind == VerdictKind.STATE_UNREADABLE and waiting:
+        # its waiters wait on a culprit already named: nothing new
+        for at, cause in enumerate(kept[:found]):
+            if waiting <= set(cause.culprit_ranks) | set(cause.victim_ranks):
+                return at
+    return found
 
 
 def _fold(cause: Verdict, consequence: Verdict) -> None:

@@ -2,6 +2,8 @@
 one, stopped taking the broadcast, a GPU that stopped, or a cycle."""
 from __future__ import annotations
 
+import heapq
+from collections import defaultdict
 from dataclasses import asdict
 
 from diagnose.analysis.doing import sample_wait, states_evidence
@@ -168,8 +170,7 @@ def _root_kind(view: View, node: Node) -> tuple[VerdictKind, str | None, int | N
         missed = _phase_missed(view, node)
         if missed is not None:
             return VerdictKind.NEVER_REACHED, missed, None
-    peers = [milestone(other) for rank, other in view.ranks.items() if rank != node]
-    furthest = max(peers, default=-1)
+    furthest = _furthest_milestone(view, node)
     if milestone(state) < furthest:
         return VerdictKind.NEVER_REACHED, MILESTONES[furthest], None
     if ring_behind(view, node):
@@ -178,6 +179,13 @@ def _root_kind(view: View, node: Node) -> tuple[VerdictKind, str | None, int | N
     if step is not None:
         return VerdictKind.NEVER_REACHED, Phase.EXECUTE_MODEL, step
     return VerdictKind.STUCK_IN_PHASE, None, None
+
+
+def _furthest_milestone(view: View, node: int) -> int:
+    """The furthest milestone any other rank reached (-1: none)."""
+    top = view.memo("milestones", lambda: heapq.nlargest(
+        2, ((milestone(state), rank) for rank, state in view.ranks.items())))
+    return max((reached for reached, rank in top if rank != node), default=-1)
 
 
 def _step_missed(view: View, node: int) -> int | None:
@@ -194,13 +202,28 @@ def _step_missed(view: View, node: int) -> int | None:
 def _phase_missed(view: View, node: Node) -> str | None:
     """Generic mode (phases from --mark): the first phase every other process
     entered and this one never did."""
-    entered = {rank: {event.name: event.start for event in state.phases + state.open_phases}
-               for rank, state in view.ranks.items()}
-    others = [names for rank, names in entered.items() if rank != node]
-    if not others:
+    if len(view.ranks) < 2:
         return None
-    missed = set.intersection(*(set(names) for names in others)) - set(entered[node])
-    return min(missed, key=lambda name: min(names[name] for names in others), default=None)
+    state = view.ranks[node]
+    own = {event.name for event in state.phases + state.open_phases}
+    counts, earliest = view.memo("phases entered", lambda: _phases_entered(view))
+    # a phase every other rank entered and this one did not: entered by all but one
+    missed = [name for name, count in counts.items()
+              if count == len(view.ranks) - 1 and name not in own]
+    return min(missed, key=earliest.__getitem__, default=None)
+
+
+def _phases_entered(view: View) -> tuple[dict[str, int], dict[str, float]]:
+    """Phase name -> how many ranks entered it, and the earliest of their last
+    entries into it."""
+    counts: dict[str, int] = defaultdict(int)
+    earliest: dict[str, float] = {}
+    for state in view.ranks.values():
+        last = {event.name: event.start for event in state.phases + state.open_phases}
+        for name, start in last.items():
+            counts[name] += 1
+            earliest[name] = min(start, earliest.get(name, start))
+    return counts, earliest
 
 
 def _waited_collective(view: View, node: Node, victims: set[Node]) -> tuple[str | None, int | None]:
@@ -209,7 +232,7 @@ def _waited_collective(view: View, node: Node, victims: set[Node]) -> tuple[str 
     candidates = set()
     for rank in ranks_of(victims):
         record = view.pending.get(rank)
-        if (record is not None and record.op not in P2P_OPS and node in view.groups.get(record.group, [])
+        if (record is not None and record.op not in P2P_OPS and node in view.member_set(record.group)
                 and not view.has_joined(node, record.group, record.seq)):
             candidates.add((record.group, record.seq))
     if not candidates:
@@ -217,7 +240,8 @@ def _waited_collective(view: View, node: Node, victims: set[Node]) -> tuple[str 
 
     def missing(candidate):
         group, seq = candidate
-        return sum(not view.has_joined(member, group, seq) for member in view.groups[group])
+        return view.memo(("missing", group, seq), lambda: sum(
+            not view.has_joined(member, group, seq) for member in view.groups[group]))
 
     return min(candidates, key=lambda candidate: (missing(candidate), candidate))
 

@@ -48,6 +48,7 @@ class View:
         # indexed there: the only places a mismatch can be
         self.disagreeing: set[tuple[str, int, int]] = set()
         self._blockers: dict[tuple[str, int], set[int]] = {}
+        self._memo: dict[object, object] = {}
         for rank, state in self.ranks.items():
             self._index(rank, state.collectives)
         self.groups = member_groups(snapshot, self.highest_seq)
@@ -90,6 +91,16 @@ class View:
         if waiting is not None:
             self.pending[rank] = waiting
 
+    def memo(self, key, make):
+        """make(), computed once per view: what a question about one rank needs
+        from every rank (so that asking it of each rank stays linear)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def member_set(self, group: str) -> set[int]:
+        return self.memo(("members", group), lambda: set(self.groups.get(group, ())))
+
     def state(self, node: Node) -> RankState:
         return self.driver if node == DRIVER else self.ranks[node]
 
@@ -128,13 +139,12 @@ def member_groups(snapshot: Snapshot, highest_seq: dict[tuple, int]) -> dict[str
     else every rank that has a record in the group (a (group, rank) key of
     View.highest_seq)."""
     groups: dict[str, set[int]] = defaultdict(set)
-    merged = None
+    merged = set()          # (name, id of the list): ranks of a job share their groups' lists
     for state in snapshot.ranks.values():
-        if state.identity.groups == merged:
-            continue                    # ranks of a job mostly carry the same groups
-        merged = state.identity.groups
-        for name, members in merged.items():
-            groups[name].update(members)
+        for name, members in state.identity.groups.items():
+            if (name, id(members)) not in merged:
+                merged.add((name, id(members)))
+                groups[name].update(members)
     for rank, state in snapshot.ranks.items():
         ident = state.identity
         if ident.pp_rank is not None and f"tp{ident.pp_rank}" not in state.identity.groups:

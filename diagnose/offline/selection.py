@@ -73,10 +73,14 @@ def _group_labels(snapshot: Snapshot) -> set[str]:
 
 def _members(snapshot: Snapshot, labels: set[str]) -> set[int]:
     """Ranks in one of the groups: listed as members, or with a call in it."""
-    found = set()
+    found, as_sets = set(), {}      # id of a members list -> its set: ranks share the lists
     for rank, state in snapshot.ranks.items():
-        groups = state.identity.groups
-        if any(rank in groups.get(label, ()) for label in labels) or any(
-                record.group in labels for record in state.collectives):
+        for label in labels & state.identity.groups.keys():
+            members = state.identity.groups[label]
+            if id(members) not in as_sets:
+                as_sets[id(members)] = set(members)
+            if rank in as_sets[id(members)]:
+                found.add(rank)
+        if any(record.group in labels for record in state.collectives):
             found.add(rank)
     return found
