@@ -34,12 +34,14 @@ import gc
 import os
 import pickle
 import re
+import resource
 import stat
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from diagnose.core import progress
+from diagnose.core.layout import rank_list
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
 from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
@@ -51,6 +53,8 @@ RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
 MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
 MAX_ENTRIES = 1 << 17       # entries read from one dump, the last ones (the default ring: 2000)
+UNPICKLE_BYTES = 128 << 20  # memory unpickling a dump may take: this, plus
+UNPICKLE_PER_BYTE = 32      # this many bytes per byte of the file (a dump takes about 10)
 
 
 class FlightRecorderError(Exception):
@@ -94,7 +98,8 @@ def load_dump(path: str) -> dict:
 
 def _unpickle(name: str, source) -> object:
     try:
-        return _DataOnlyUnpickler(source).load()
+        with _address_space_capped(UNPICKLE_BYTES + UNPICKLE_PER_BYTE * os.fstat(source.fileno()).st_size):
+            return _DataOnlyUnpickler(source).load()
     except EOFError:
         raise FlightRecorderError(f"{name}: truncated pickle") from None
     except MemoryError:
@@ -105,6 +110,31 @@ def _unpickle(name: str, source) -> object:
             raise FlightRecorderError(f"{name}: truncated pickle") from None
         reason = f"{type(error).__name__}: {error}"[:200]
         raise FlightRecorderError(f"{name}: not a Flight Recorder dump ({reason})") from None
+
+
+@contextmanager
+def _address_space_capped(budget: int):
+    """While untrusted bytes are unpickled, this process may map `budget` bytes
+    more than it has: a pickle whose memo index or length asks for more (22
+    bytes can ask for gigabytes: LONG_BINPUT 2**30) fails with MemoryError, a
+    bad dump, instead of taking the memory. Where the address space cannot be
+    read (no /proc), nothing is capped."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        mapped = None
+    limit = None if mapped is None else mapped + budget
+    if limit is None or (soft != resource.RLIM_INFINITY and soft <= limit) or (
+            hard != resource.RLIM_INFINITY and hard < limit):
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def looks_like_fr_dir(path: str) -> bool:
@@ -160,8 +190,10 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     highest = max(in_groups, default=-1)
     ranks = {rank: _rank_state(rank, records[rank], max(highest, rank) + 1, members, taken_at)
              for rank in records}
-    for rank in sorted(in_groups - set(ranks) - set(unreadable)):
-        notes.append(f"rank {rank}: in a process group but no dump; kept without records")
+    missing = sorted(in_groups - set(ranks) - set(unreadable))
+    if missing:
+        notes.append(f"{rank_list(missing)}: in a process group but no dump; kept without records")
+    for rank in missing:
         ranks[rank] = _rank_state(rank, [], highest + 1, members, taken_at)
     snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
                         unreadable=unreadable)
@@ -250,7 +282,8 @@ def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
         entries = records_of(dump["entries"][-MAX_ENTRIES:])
     except BadEntry as error:
         raise FlightRecorderError(f"{name}: {error}") from None
-    return _Dump(config_of(dump.get("pg_config")), entries.pgs, entries.records, entries.newest)
+    return _Dump(config_of(dump.get("pg_config"), name, notes), entries.pgs, entries.records,
+                 entries.newest)
 
 
 def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],

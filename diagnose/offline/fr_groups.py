@@ -18,21 +18,34 @@ from dataclasses import dataclass
 from diagnose.core.snapshot import CollectiveRecord
 
 MAX_GROUPS = 1 << 16        # pg_config entries read from one dump
-MAX_RANKS_TEXT = 1 << 20    # a pg_config rank list, as text
+MAX_MEMBERS = 1 << 16       # ranks of one pg_config group that diag takes (16,384-rank jobs fit)
 
 
-def config_of(config) -> dict[str, tuple[str, frozenset[int]]]:
+def config_of(config, name: str, notes: list[str]) -> dict[str, tuple[str, frozenset[int]]]:
     """pg name -> (desc, ranks). A rank list is read once however many pgs share
-    it (a pickle can point every pg at one long list)."""
-    found, parsed = {}, {}
+    it (a pickle can point every pg at one long list). A list of more than
+    MAX_MEMBERS ranks is not read: the group's members are then the ranks whose
+    dumps have entries in it, and one note says so."""
+    found, parsed, over = {}, {}, []
     pgs = itertools.islice(config.items(), MAX_GROUPS) if isinstance(config, dict) else ()
     for pg_name, pg in pgs:
         if isinstance(pg, dict) and isinstance(pg_name, (str, int)) and pg_name != "":
             desc, ranks = pg.get("desc"), pg.get("ranks")
             if id(ranks) not in parsed:
                 parsed[id(ranks)] = frozenset(_parse_ranks(ranks))
+                if _too_many(ranks):
+                    over.append(str(pg_name)[:40])
             found[str(pg_name)] = (desc if isinstance(desc, str) else "", parsed[id(ranks)])
+    if over:
+        notes.append(f"{name}: process group {', '.join(over[:3])}{' and more' * (len(over) > 3)} "
+                     f"lists over {MAX_MEMBERS} ranks; its members are the ranks with entries in it")
     return found
+
+
+def _too_many(ranks) -> bool:
+    if isinstance(ranks, str):
+        return len(ranks) > MAX_MEMBERS * 16 or ranks.count(",") >= MAX_MEMBERS
+    return isinstance(ranks, (list, tuple)) and len(ranks) > MAX_MEMBERS
 
 
 @dataclass
@@ -85,8 +98,10 @@ def _rank_text(ranks) -> str:
 
 
 def _parse_ranks(text) -> list[int]:
+    if _too_many(text):
+        return []
     if isinstance(text, str):
-        return list(_parse_rank_text(text)) if len(text) <= MAX_RANKS_TEXT else []
+        return list(_parse_rank_text(text))
     return _rank_list(text)
 
 
