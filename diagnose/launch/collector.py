@@ -57,11 +57,13 @@ class Collector:
         self._records: dict[str, dict] = {}    # path -> runfile.read_probe's cache
         self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
         self._frames: dict[str, tuple] = {}    # path -> (pid, frame, when it was first seen)
+        self._processes: dict[tuple, bool] = {}  # (pid, create time) -> alive, in this snapshot
         self._host = socket.gethostname()
         self._job_notes: tuple[tuple, list[str]] = ((), [])   # notes.jsonl's (size, mtime), notes
 
     def snapshot(self) -> Snapshot:
         self.notes, self.refused, self.unreadable = self._read_job_notes(), [], []
+        self._processes = {}
         ranks: dict[int, RankState] = {}
         unreadable: dict[int, str] = {}
         driver = None
@@ -187,7 +189,10 @@ class Collector:
             return True
         if identity.host != self._host:
             return time.time() - data.heartbeat_at < REMOTE_ALIVE_S
-        return pid_alive(data.header.pid, data.header.create_time)
+        process = (data.header.pid, data.header.create_time)
+        if process not in self._processes:
+            self._processes[process] = pid_alive(*process)
+        return self._processes[process]
 
     def _frame_moved(self, path: str, data: runfile.ProbeData) -> float | None:
         """When this collector saw the main thread's frame change last: a process

@@ -64,6 +64,7 @@ class RunDirSource(Source):
     def __init__(self, run_dir: str):
         super().__init__(run_dir)
         self.collector = Collector(run_dir)
+        self.first: Snapshot | None = None    # open_run's read, handed out once
 
     @property
     def notes(self) -> list[str]:
@@ -74,7 +75,8 @@ class RunDirSource(Source):
         return self.collector.unreadable
 
     def snapshot(self) -> Snapshot:
-        return self.collector.snapshot()
+        first, self.first = self.first, None
+        return first or self.collector.snapshot()
 
     def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
         return analyze(snapshot, thresholds)
@@ -196,6 +198,7 @@ def _probe_source(path: str) -> RunDirSource:
     if source.collector.refused:
         raise RunDirError(f"cannot judge the run in {path} without "
                           f"{source.collector.refused[0]}")
+    source.first = first         # a run dir of 16,384 ranks takes seconds to read
     return source
 
 
