@@ -29,7 +29,9 @@ class Waiting:
             self.said.add("probe")
             found.append(f"no process of the command has started the probe after "
                          f"{WAITING_S:.0f} s; waiting for {self._what_starts_it()}")
-        for mark, at in marks.armed_at(self.run_dir).items():
+        pending = [mark for mark in map(marks.parse_mark, self.mark_texts)
+                   if str(mark) not in self.said and mark.phase not in phases_seen]
+        for mark, at in (marks.armed_at(self.run_dir) if pending else {}).items():
             if mark in self.said or now - at < WAITING_S:
                 continue
             if marks.parse_mark(mark).phase not in phases_seen:
