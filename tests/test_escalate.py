@@ -66,3 +66,11 @@ def test_a_hook_past_its_time_is_ended(tmp_path, monkeypatch):
                 str(tmp_path / "hook.log"))
     assert "still running after 0.5 s: ended" in hook.finish()
     assert time.monotonic() - began < 10 and hook.proc.poll() is not None
+
+
+def test_the_kill_is_armed_once_and_falls_due_after_its_grace(tmp_path):
+    escalation = escalate.Escalation("dump,kill:0.3", str(tmp_path))
+    assert escalation.captured("r.json", "v") == 0.3 and not escalation.due()
+    assert escalation.captured("r.json", "another hang") is None    # armed already
+    time.sleep(0.4)
+    assert escalation.due() and escalation.finish() == []

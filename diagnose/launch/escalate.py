@@ -83,6 +83,34 @@ def _grace(action: str) -> float:
     return seconds
 
 
+class Escalation:
+    """The launcher's --on-hang over a run: after each new hang's capture, the hook
+    started and the kill armed once; due() when the grace is over."""
+
+    def __init__(self, text: str, run_dir: str):
+        self.on_hang = OnHang.parse(text)
+        self.run_dir = run_dir
+        self.kill_at: float | None = None
+        self.hooks: list[Hook] = []
+
+    def captured(self, report_path: str, summary: str) -> float | None:
+        """The grace before the end, when this capture arms the kill (0: end now)."""
+        if self.on_hang.hook:
+            log = os.path.join(self.run_dir, f"hook-{len(self.hooks)}.log")
+            self.hooks.append(Hook(self.on_hang.hook, report_path, summary, log))
+        if self.on_hang.kill_after_s is None or self.kill_at is not None:
+            return None
+        self.kill_at = time.monotonic() + self.on_hang.kill_after_s
+        return self.on_hang.kill_after_s
+
+    def due(self) -> bool:
+        return self.kill_at is not None and time.monotonic() >= self.kill_at
+
+    def finish(self) -> list[str]:
+        """Waits for the hooks (each to its deadline): one line per failure."""
+        return list(filter(None, (hook.finish() for hook in self.hooks)))
+
+
 class Hook:
     """The exec: command, started with the report's path and left to run beside
     diag; finish() waits for it up to its deadline, ends it past that, and says

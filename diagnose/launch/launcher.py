@@ -39,7 +39,7 @@ from diagnose.launch import claim, first_failure, flight
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.states import StateSampler
 from diagnose.launch.dump import py_spy_all
-from diagnose.launch.escalate import Hook, OnHang
+from diagnose.launch.escalate import Escalation
 from diagnose.launch.guardian import Guardian
 from diagnose.launch.job import end_job, job_processes, rank_pids, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
@@ -118,11 +118,9 @@ class Launcher:
         self.opts = opts
         self.thresholds = opts.thresholds
         try:
-            self.on_hang = OnHang.parse(opts.on_hang)
+            self.escalation = Escalation(opts.on_hang, opts.run_dir)
         except ValueError as error:
             raise LaunchError(f"--on-hang: {error}") from None
-        self.kill_at: float | None = None      # when --on-hang kill:S ends the hung job
-        self.hooks: list[Hook] = []
         self.monitor = _monitor(opts.metrics) if opts.metrics else None
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
@@ -247,7 +245,7 @@ class Launcher:
                 outcome = self._on_hangs()
                 if outcome is not None:
                     return outcome
-                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                if self.escalation.due():
                     return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
                 time.sleep(POLL_S)
             # Judged with the exit code known, and by a fresh collector: the last
@@ -275,23 +273,19 @@ class Launcher:
         if not fresh or self._ends_soon():
             return None
         self.reported.update(map(verdict_key, fresh))
-        if not self.on_hang.capture or not self.role.judges:
+        if not self.escalation.on_hang.capture or not self.role.judges:
             return None
         self.write_report(dump=True)
-        if self.on_hang.hook:
-            self.hooks.append(Hook(self.on_hang.hook, self.report_path, fresh[0].summary,
-                                   os.path.join(self.opts.run_dir, f"hook-{len(self.hooks)}.log")))
-        if self.on_hang.kill_after_s is None or self.kill_at is not None:
-            return None
-        if self.on_hang.kill_after_s == 0:
+        grace = self.escalation.captured(self.report_path, fresh[0].summary)
+        if grace == 0:
             return self._end(judged_exit(self.verdicts, None), stopped_by="hang")
-        self.kill_at = time.monotonic() + self.on_hang.kill_after_s
-        self.output.say(f"everything captured ({self.report_path}); ending the job in "
-                        f"{self.on_hang.kill_after_s:g} s (--on-hang {self.opts.on_hang})")
+        if grace is not None:
+            self.output.say(f"everything captured ({self.report_path}); ending the job in "
+                            f"{grace:g} s (--on-hang {self.opts.on_hang})")
         return None
 
     def _finish_hooks(self) -> None:
-        failures = list(filter(None, (hook.finish() for hook in self.hooks)))
+        failures = self.escalation.finish()
         for failure in failures:
             print(f"diag: {failure}", file=sys.stderr)
         if failures and os.path.exists(self.report_path):
