@@ -1,4 +1,4 @@
-"""What the TUI says before the job has a rank, and the command's own output
+"""What the TUI says before the job has a rank and while ranks start, and the command's own output
 (output.log in the run dir): its pane, and the server address it announced."""
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import time
 import pytest
 
 from diagnose.core.snapshot import Snapshot
+from synthetic import Job
 from test_tui import (SIZE, SyntheticSource, offered, rank6_never_reached, screen_text, started,
                       until)
 from tui.app import DiagApp
+from tui.grid_model import build_grid
 from tui.output_pane import OutputPane
+from tui.rank_grid import cell_lines
 from tui.status import no_ranks_text
 
 
@@ -96,3 +99,16 @@ async def test_no_output_pane_nor_its_key_before_the_command_printed_anything(tm
         assert "Output" not in offered(app)      # the footer offers no key that cannot act
         await pilot.press("o")
         assert not app.query_one(OutputPane).display
+
+
+def test_a_starting_rank_shows_its_start_up_phase_and_how_long_it_has_been_in_it():
+    job = Job(tp=1, pp=2, now=1000.0)
+    for rank, state in job.ranks.items():
+        job.phase(state, "init_distributed", 980.0, 985.0)
+        job.phase(state, "load_weights", 985.0, None if rank == 1 else 987.0)
+        state.heartbeat_at = 999.9
+    job.phase(job.ranks[0], "init_kv_cache", 987.0, 990.0)
+    job.phase(job.ranks[0], "dequeue", 990.0, None, step=0)
+    cells = build_grid(job.snapshot(), []).cells
+    assert cell_lines(cells[1], False)[1] == " load_weights · 15 s"
+    assert cell_lines(cells[0], False)[1] == " dequeue · step 0"       # no longer starting

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from diagnose.core.layout import parse_ranks
 from diagnose.core.snapshot import RankState, Snapshot, Verdict
-from diagnose.core.vocab import Phase, RankStatus
+from diagnose.core.vocab import STARTUP_PHASES, Phase, RankStatus
 from diagnose.offline.report import RankRow, rank_rows
 
 CULPRIT, DEAD, WAITING, RUNNING, IDLE = "CULPRIT", "DEAD", "WAITING", "RUNNING", "IDLE"
@@ -34,6 +34,7 @@ class RankCell:
     heartbeat_age: float
     last_collective: str  # "tp3 all_reduce #340 waiting", or "" before the first one
     doing: str = ""       # the rank's recent state sample: "compiling 42 s", "collective"
+    starting_for: float | None = None   # seconds in the start-up phase it is in, if it is
 
 
 @dataclass
@@ -66,7 +67,7 @@ class GridModel:
         return [[cell.rank for cell in row.cells if cell] for row in self.rows]
 
 
-def make_cell(row: RankRow, state: RankState) -> RankCell:
+def make_cell(row: RankRow, state: RankState, now: float) -> RankCell:
     word = REPORT_WORDS[row.state]
     ident = state.identity
     return RankCell(
@@ -79,7 +80,17 @@ def make_cell(row: RankRow, state: RankState) -> RankCell:
         heartbeat_age=max(0.0, row.heartbeat_age_s),
         last_collective=row.last_collective,
         doing=row.doing,
+        starting_for=starting_for(state, now),
     )
+
+
+def starting_for(state: RankState, now: float) -> float | None:
+    """How long the rank has been in the start-up phase it is in (loading weights,
+    say); None in any other phase."""
+    phase = state.phase
+    if phase is None or phase.name not in STARTUP_PHASES:
+        return None
+    return max(0.0, now - phase.start)
 
 
 def last_phase(state: RankState) -> str | None:
@@ -101,7 +112,8 @@ def matcher(query: str):
 
 
 def build_grid(snapshot: Snapshot, verdicts: list[Verdict], query: str = "") -> GridModel:
-    cells = {row.rank: make_cell(row, snapshot.ranks[row.rank]) for row in rank_rows(snapshot, verdicts)}
+    cells = {row.rank: make_cell(row, snapshot.ranks[row.rank], snapshot.taken_at)
+             for row in rank_rows(snapshot, verdicts)}
     matches = matcher(query)
     shown = [cell for cell in cells.values() if matches(cell)]
     if len(cells) >= GROUP_AT:

@@ -29,6 +29,8 @@ def ranks_label(ranks: list[int]) -> str:
 
 def cell_lines(cell: RankCell, selected: bool) -> list[str]:
     step = f" · step {cell.step}" if cell.step is not None else ""
+    if cell.starting_for is not None:
+        step += f" · {cell.starting_for:.0f} s"
     return [
         f"{'▸' if selected else ' '}rank {cell.rank}  {cell.state}",
         f" {cell.phase or 'no phase yet'}{step}",
