@@ -1,5 +1,6 @@
-"""What the TUI says before the job has a rank and while ranks start, and the command's own output
-(output.log in the run dir): its pane, and the server address it announced."""
+"""What the TUI says before the job has a rank and while its ranks start, and
+the command's own output (output.log in the run dir): its pane, and the server
+address it announced."""
 from __future__ import annotations
 
 import re
