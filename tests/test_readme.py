@@ -56,7 +56,9 @@ PARSED_ONLY = {
     "--beat": "--beat beats until Ctrl-C",
     "bench": "a throughput sweep of minutes (tests/test_bench.py runs small ones)",
     "export": "sets the environment of the next lines",
+    "diag attach": "needs a job that hangs now, started without diag (tests/test_attach.py)",
 }
+SHELL_PID = re.compile(r"\$\([^)]*\)")      # $(pgrep ...): the pid of a running process
 
 
 def readme_commands() -> list[str]:
@@ -81,6 +83,7 @@ def variants(command: str) -> list[str]:
 
 
 def argv_of(command: str, run_dir: str, big_dir: str) -> list[str]:
+    command = SHELL_PID.sub("PID", command).replace("PID", str(os.getpid()))
     for placeholder, sample in PLACEHOLDERS.items():
         command = command.replace(placeholder, sample)
     words = shlex.split(command.replace("RUN_DIR", run_dir).replace("BIG_DIR", big_dir))
