@@ -29,7 +29,8 @@ import psutil
 from diagnose.launch.leftovers import SharedMemoryTracker
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM = REPO / ".venv-vllm" / "bin" / "vllm"
+VENV_VAR = "HANGSCOPE_VLLM_VENV"   # another vLLM's venv (tests/vllm_env/matrix.py sets it)
+VLLM = Path(os.environ.get(VENV_VAR) or REPO / ".venv-vllm") / "bin" / "vllm"
 MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
 READY_TIMEOUT_S = 420.0        # a cold compile on a loaded 2-core machine
 BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}   # VLLM_CPU_OMP_THREADS_BIND by world size

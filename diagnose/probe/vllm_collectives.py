@@ -37,7 +37,7 @@ TRACED = {   # GroupCoordinator method -> the op recorded
     "irecv_tensor_dict": "recv",
 }
 ASYNC_SEND = "isend_tensor_dict"    # its tensor handles are waited at the next step
-SINCE = {"isend_tensor_dict": "0.15-0.32", "irecv_tensor_dict": "0.15-0.32"}
+SINCE = {"isend_tensor_dict": "0.17-0.32", "irecv_tensor_dict": "0.17-0.32"}
 OPTIONAL = {"_all_reduce_out_place": "all_reduce is traced whichever way it goes",
             "isend_tensor_dict": "older releases send with send_tensor_dict, which is traced",
             "irecv_tensor_dict": "older releases receive with recv_tensor_dict, which is traced"}
