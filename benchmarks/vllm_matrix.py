@@ -182,7 +182,8 @@ def tests(venv: Path, select: str) -> dict:
             return {}
         outcome = {}
         for case in ElementTree.parse(report).iter("testcase"):
-            failed = case.find("failure") or case.find("error")
+            failed = case.find("failure")
+            failed = case.find("error") if failed is None else failed
             if failed is not None:
                 first = (failed.get("message") or "").strip().splitlines()[:1]
                 result = "failed: " + (first[0][:160] if first else "")

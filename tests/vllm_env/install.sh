@@ -6,7 +6,11 @@
 #   the release's whole dependency set), installed with --no-deps: no resolver run, and four
 #   packages that vLLM on CPU does not use are left out: torchvision, torchaudio, torchcodec
 #   (they drag in torch builds that do not match) and triton (a 286 MB download, 1 GB on
-#   disk; vLLM's CPU platform disables it anyway; only xgrammar asks for it).
+#   disk; vLLM's CPU platform disables it anyway; only xgrammar asks for it). Not triton
+#   where torch is the CUDA build (below): it is that torch's own pinned dependency, and
+#   without it a job under diag launch imports the debugger's triton, found on the path
+#   the probe's bootstrap appends, whose version does not match (vLLM 0.11 then fails
+#   to compile: "cannot import name 'triton_key'").
 # - RELOCK=1 (or a missing lock file) resolves again from the release's own metadata: its
 #   torch pin is a CPU build (torch==X+cpu) that the registry has only for 0.32's torch; for
 #   the others it has torch==X, the CUDA build with its nvidia-* libraries (about 3-4 GB; it
@@ -58,6 +62,10 @@ if [ "${RELOCK:-0}" = 1 ] || [ ! -f "$lock" ]; then
     prior=$("$py" -c 'import datetime, sys
 print(datetime.date.fromisoformat(sys.argv[1]) + datetime.timedelta(days=2))' \
         "$("$py" "$here/requirements.py" --built "$wheel")")
+    case $torch in
+        *+cpu) ;;
+        *) SKIP=${SKIP% triton} ;;   # the CUDA build's own triton (see above)
+    esac
     "$py" "$here/requirements.py" "$wheel" "$torch" $SKIP > "$work/requirements.txt"
     echo "torch==$torch" > "$work/constraints.txt"
     # The packages on this machine's own indexes carry no upload time, so pip would take
@@ -86,6 +94,7 @@ for name, version in sorted(pins, key=lambda p: p[0].lower()):
 PYEOF
     mv "$work/lock" "$lock"
 fi
+grep -q '^torch==.*+cpu$' "$lock" || SKIP=${SKIP% triton}
 if [ "${WITHOUT_TORCH:-0}" = 1 ]; then
     grep -v '^torch==' "$lock" > "$work/lock-without-torch"
     lock=$work/lock-without-torch
