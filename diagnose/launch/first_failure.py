@@ -1,5 +1,5 @@
-"""What killed the job, as `diag logs` reads it from the job's output: when a
-process of the job died or the command failed, the report names the first
+"""What killed the job, as `diag logs` reads it from the job's output: when the
+run has a verdict or the command failed, the report names the first
 failure (the process, the exception and the innermost frame of the program's
 own code; one raised in hangscope's probe says so first), not only that a
 process died."""
@@ -9,14 +9,14 @@ import os
 
 from diagnose.core.output import OUTPUT_LOG
 from diagnose.core.snapshot import Snapshot, Verdict
-from diagnose.core.vocab import VerdictKind
 from diagnose.offline.logs import Severity, scan_files
 
 
 def wanted(snapshot: Snapshot | None, verdicts: list[Verdict]) -> bool:
-    """A process died, or the command ended with a failure."""
+    """A verdict (a hang may follow a crash: vLLM's workers wait in their exit
+    for an engine core that died), or the command ended with a failure."""
     failed = snapshot is not None and snapshot.command_exit not in (0, None)
-    return failed or any(verdict.kind == VerdictKind.DEAD for verdict in verdicts)
+    return failed or bool(verdicts)
 
 
 def first_failure(run_dir: str) -> dict | None:
