@@ -48,6 +48,9 @@ def main() -> None:
                         help="the venvs and downloaded wheels (default: %(default)s)")
     parser.add_argument("-k", default="", help="run only the vLLM tests pytest -k selects")
     parser.add_argument("--no-tests", action="store_true", help="install and list hooks only")
+    parser.add_argument("--ready-s", type=float, default=None,
+                        help="how long a vLLM server may take to start (a loaded machine "
+                             "compiles slowly; the tests' default is 420 s)")
     parser.add_argument("--hooks-only", action="store_true",
                         help="no install: the hook rows from the release's wheel")
     opts = parser.parse_args()
@@ -94,7 +97,7 @@ def measure(version: str, venv: Path | None, opts) -> dict:
     entry["venv_mb"] = _size_mb(venv)
     entry["torch"] = _run(venv, "import torch; print(torch.__version__)")
     entry |= hooks(venv)
-    entry["tests"] = {} if opts.no_tests else tests(venv, opts.k)
+    entry["tests"] = {} if opts.no_tests else tests(venv, opts.k, opts.ready_s)
     return entry
 
 
@@ -170,14 +173,16 @@ def hooks(venv: Path) -> dict:
             "hooks_missing": named["missing"], "hooks_absent": named["absent"]}
 
 
-def tests(venv: Path, select: str) -> dict:
+def tests(venv: Path, select: str, ready_s: float | None) -> dict:
     """Each vLLM test's outcome: passed, failed (with its first line) or skipped."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", TESTS, "-q", "-p", "no:cacheprovider",
                    f"--junitxml={report}"] + (["-k", select] if select else [])
-        subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                       env=dict(os.environ, HANGSCOPE_VLLM_VENV=str(venv), PYTHONPATH=str(REPO)))
+        env = dict(os.environ, HANGSCOPE_VLLM_VENV=str(venv), PYTHONPATH=str(REPO))
+        if ready_s is not None:
+            env["HANGSCOPE_VLLM_READY_S"] = str(ready_s)
+        subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
         if not report.exists():
             return {}
         outcome = {}

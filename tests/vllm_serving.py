@@ -29,10 +29,11 @@ import psutil
 from diagnose.launch.leftovers import SharedMemoryTracker
 
 REPO = Path(__file__).resolve().parents[1]
-VENV_VAR = "HANGSCOPE_VLLM_VENV"   # another vLLM's venv (tests/vllm_env/matrix.py sets it)
+VENV_VAR = "HANGSCOPE_VLLM_VENV"   # another vLLM's venv (benchmarks/vllm_matrix.py sets it)
 VLLM = Path(os.environ.get(VENV_VAR) or REPO / ".venv-vllm") / "bin" / "vllm"
 MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
-READY_TIMEOUT_S = 420.0        # a cold compile on a loaded 2-core machine
+READY_TIMEOUT_S = float(os.environ.get("HANGSCOPE_VLLM_READY_S", 420))   # a cold compile on a
+                               # loaded 2-core machine; benchmarks/vllm_matrix.py may give more
 BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}   # VLLM_CPU_OMP_THREADS_BIND by world size
 PROMPT = "The capital of France is"
 
