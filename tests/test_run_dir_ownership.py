@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from diagnose.launch import claim
+from diagnose.launch import claim, dump
 
 pytestmark = pytest.mark.e2e
 
@@ -111,3 +111,12 @@ def test_in_a_run_dir_of_diags_a_directory_by_a_file_name_of_diags_is_refused(tm
     refused(diag("launch", "--run-dir", str(run_dir), "--", "true"),
             "report.json is not a file diag wrote")
     assert (run_dir / "3.probe").read_text() == "left"
+
+
+def test_a_dump_never_overwrites_a_file_of_the_same_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(dump.time, "strftime", lambda _: "20250101-120000")
+    (tmp_path / "dump-20250101-120000.json").write_text("theirs")
+    path, sink = dump._new_dump_file(str(tmp_path))
+    sink.close()
+    assert path == str(tmp_path / "dump-20250101-120000-1.json")
+    assert (tmp_path / "dump-20250101-120000.json").read_text() == "theirs"

@@ -28,7 +28,12 @@ def add_dump(commands) -> None:
 def dump_command(args) -> int:
     from diagnose.launch.dump import dump_run, render_dump
     open_source(args.run_dir)  # one-line errors for a missing or foreign dir
-    body = emit_json(schema.Document.DUMP, dump_run(args.run_dir, native=args.native), args)
+    try:
+        dumped = dump_run(args.run_dir, native=args.native)
+    except OSError as error:
+        raise UsageError(f"cannot write the dump into {args.run_dir}: "
+                         f"{error.strerror or error}") from None
+    body = emit_json(schema.Document.DUMP, dumped, args)
     if not args.json:
         render_dump(body)
     return EXIT_HEALTHY

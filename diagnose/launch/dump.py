@@ -53,11 +53,24 @@ def dump_run(run_dir: str, native: bool = False) -> dict:
     }
     if snapshot.driver is not None and snapshot.driver.stacks:
         body["stacks"]["driver"] = snapshot.driver.stacks
-    path = os.path.join(run_dir, f"dump-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(path, "w") as f:
-        json.dump(stamped(Document.DUMP, body), f, indent=1)
+    path, sink = _new_dump_file(run_dir)
+    with sink:
+        json.dump(stamped(Document.DUMP, body), sink, indent=1)
     body["path"] = path
     return body
+
+
+def _new_dump_file(run_dir: str):
+    """dump-<time>.json, or dump-<time>-N.json: a file of its own, never one that is
+    there already (diag overwrites only what it wrote)."""
+    stem = os.path.join(run_dir, f"dump-{time.strftime('%Y%m%d-%H%M%S')}")
+    for attempt in range(1000):
+        path = f"{stem}-{attempt}.json" if attempt else f"{stem}.json"
+        try:
+            return path, open(path, "x")
+        except FileExistsError:
+            continue
+    raise OSError(f"{stem}-*.json: a thousand dumps in one second")
 
 
 def render_dump(body: dict, console: Console | None = None) -> None:
