@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from diagnose.analysis import analyze
 from diagnose.core.snapshot import Verdict
-from diagnose.launch import nodes
+from diagnose.launch import flight, nodes
 from diagnose.launch.collector import request_dump
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class Agent:
         except (TypeError, ValueError, KeyError):
             launcher.verdicts = []
         if reply.dump > self.dumps_done:      # the next report carries the stacks
+            flight.ask_nccl_ranks(launcher.opts.run_dir)   # dumps stay in this node's run dir
             request_dump(launcher.opts.run_dir)
             self.dumps_done = reply.dump
         if reply.stop is not None and not finished:
