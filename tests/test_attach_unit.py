@@ -10,6 +10,7 @@ from diagnose.analysis import analyze
 from diagnose.attach.discover import JobProcess, layout_flags, place_from_name
 from diagnose.attach.ptrace import refusal
 from diagnose.attach.sample import Sample, Samples
+from diagnose.attach.states import activity_sample
 from diagnose.core.layout import Layout
 from diagnose.core.snapshot import ActivitySample, Identity, RankState, Snapshot
 from diagnose.core.vocab import Activity
@@ -132,3 +133,16 @@ def test_a_still_rank_of_its_own_while_its_group_waits_is_the_one_culprit():
 ])
 def test_no_verdict_where_no_one_waits_on_a_still_rank(doing, moved):
     assert analyze(stack_only_job(doing, moved)) == []
+
+
+def test_a_compiler_child_makes_a_rank_compiling_whatever_its_stack():
+    samples = Samples()
+    for at in (1.0, 2.0):
+        samples.taken.append(Sample(at, {"MainThread": ["a.py:1 main", "[native] libc.so.6 "
+                                                        "clock_nanosleep"]}))
+    assert activity_sample(7, samples, 3.0).activity == Activity.SLEEPING
+    samples.compiler = "g++ (pid 8)"
+    sample = activity_sample(7, samples, 3.0)
+    assert (sample.activity, sample.rule, sample.frame) == (Activity.COMPILING, "compile-child",
+                                                            "g++ (pid 8)")
+    assert sample.compiling_since == 1.0

@@ -22,6 +22,7 @@ from diagnose.analysis.activity import classify
 from diagnose.core.progress import Advance, quiet
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
+from diagnose.launch.states import compiler_child
 
 MAIN_THREAD = "MainThread"
 NATIVE_BUDGET_S = 9.0
@@ -46,6 +47,7 @@ class Samples:
     taken: list[Sample] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # py-spy's, each once
     denied: bool = False                             # ptrace was refused
+    compiler: str | None = None    # a compiler child at work over the samples ('g++ (pid N)')
 
     @property
     def last(self) -> dict[str, list[str]] | None:
@@ -94,10 +96,15 @@ def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
     whose first Python frames do not say what it waits on (running its own code,
     or only how it waits: a sleep, a poll), running beside the rounds (it pauses
     the process, and unwinding libtorch takes seconds), as many at a time as
-    there are CPUs, all within NATIVE_BUDGET_S. advance(1, what) after each dump."""
+    there are CPUs, all within NATIVE_BUDGET_S. A compiler child at work over the
+    samples (launch.states.compiler_child) is noted. advance(1, what) after each
+    dump."""
     samples = {name: Samples() for name in pids}
     deadline = time.monotonic() + NATIVE_BUDGET_S
     natives = {}
+    worker_cpu: dict[int, float] = {}
+    for pid in pids.values():
+        compiler_child(pid, worker_cpu)     # a compile worker's CPU time now
     with ThreadPoolExecutor(max_workers=max(1, len(pids))) as rounds_pool, \
             ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as native_pool:
         for index in range(rounds):
@@ -117,6 +124,8 @@ def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
         for name, future in natives.items():
             _keep(samples[name], future.result(), True)
             advance(0, f"native frames of {name}")
+    for name, pid in pids.items():
+        samples[name].compiler = compiler_child(pid, worker_cpu)
     return samples
 
 

@@ -45,22 +45,33 @@ def _state(job: Job, proc: JobProcess, rank: int | None, samples: Samples,
 
 
 def activity_sample(pid: int, samples: Samples, taken_at: float) -> ActivitySample:
-    """What the last dump says the main thread does; a compile counts from the
-    first of the dumps, up to the last, that all show one."""
+    """What the last dump says the main thread does; a compiler child at work over
+    the samples makes it compiling whatever its stack says."""
     last = samples.last_sample
     if last is None:
         return ActivitySample(Activity.UNKNOWN, taken_at, pid,
                               note="; ".join(samples.notes) or "no stack")
     found = classify(last.main_frames)
-    since = None
-    for sample in reversed([s for s in samples.taken if s.threads is not None]):
-        if classify(sample.main_frames).activity != Activity.COMPILING:
+    sample = ActivitySample(found.activity, last.at, pid, frame=found.frame, rule=found.rule,
+                            frames=last.main_frames, native=last.native,
+                            note="; ".join(samples.notes) or None)
+    if samples.compiler is not None:
+        sample.activity, sample.rule, sample.frame = (Activity.COMPILING, "compile-child",
+                                                      samples.compiler)
+        sample.compiling_since = samples.taken[0].at
+    elif found.activity == Activity.COMPILING:
+        sample.compiling_since = _compiling_since(samples)
+    return sample
+
+
+def _compiling_since(samples: Samples) -> float:
+    """The first of the dumps, up to the last, that all show a compile."""
+    since = samples.taken[-1].at
+    for taken in reversed([s for s in samples.taken if s.threads is not None]):
+        if classify(taken.main_frames).activity != Activity.COMPILING:
             break
-        since = sample.at
-    return ActivitySample(found.activity, last.at, pid, frame=found.frame, rule=found.rule,
-                          frames=last.main_frames, native=last.native,
-                          note="; ".join(samples.notes) or None,
-                          compiling_since=since if found.activity == Activity.COMPILING else None)
+        since = taken.at
+    return since
 
 
 def _identity(job: Job, proc: JobProcess, rank: int | None,

@@ -134,7 +134,7 @@ class StateSampler:
                 sample = self._classified(pid, taken_at, native, native=not native.note)
         sample.note = sample.note or self.python_only.get(pid)
         sample.busy = self._busy(pid, taken_at)
-        child = self._compiler_child(pid)
+        child = compiler_child(pid, self.worker_cpu)
         if child is not None:
             sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
         compiling = sample.activity == Activity.COMPILING
@@ -168,28 +168,30 @@ class StateSampler:
         self.rank_cpu[pid] = (now, cpu)
         return last is not None and cpu - last[1] >= BUSY_SHARE * (now - last[0])
 
-    def _compiler_child(self, pid: int) -> str | None:
-        """'g++ (pid 123)' for a compiler the rank started, or a compile worker
-        of its that used CPU since the last look; None if none."""
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            return None
-        for child in children:
-            try:
-                with child.oneshot():
-                    name = child.name()
-                    if name in COMPILERS:
-                        return f"{name} (pid {child.pid})"
-                    if any(COMPILE_WORKER in part for part in child.cmdline()):
-                        cpu = sum(child.cpu_times()[:2])
-                        last = self.worker_cpu.get(child.pid)
-                        self.worker_cpu[child.pid] = cpu
-                        if last is not None and cpu > last:
-                            return f"an Inductor compile worker (pid {child.pid})"
-            except psutil.Error:
-                continue
+
+def compiler_child(pid: int, worker_cpu: dict[int, float]) -> str | None:
+    """'g++ (pid 123)' for a compiler the process started, or a compile worker of
+    its that used CPU since the last look (worker_cpu: compile worker pid -> its
+    CPU time then, kept by the caller); None if none."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
         return None
+    for child in children:
+        try:
+            with child.oneshot():
+                name = child.name()
+                if name in COMPILERS:
+                    return f"{name} (pid {child.pid})"
+                if any(COMPILE_WORKER in part for part in child.cmdline()):
+                    cpu = sum(child.cpu_times()[:2])
+                    last = worker_cpu.get(child.pid)
+                    worker_cpu[child.pid] = cpu
+                    if last is not None and cpu > last:
+                        return f"an Inductor compile worker (pid {child.pid})"
+        except psutil.Error:
+            continue
+    return None
 
 
 def _idle(state: RankState) -> bool:
