@@ -16,6 +16,7 @@ the log (what is served, then a line per request) goes to stderr (serve_log.py).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import signal
 import time
@@ -37,7 +38,9 @@ from engine.openai_protocol import APIError, GenerateRequest, Limits, invalid
 from engine.sampling_params import SamplingParams
 
 MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids
+TRIM_AFTER_CHARS = 1 << 16  # tokenizing a prompt this long frees megabytes the heap keeps
 ALL_INTERFACES = "0.0.0.0"  # vLLM's bind address without --host
+_LIBC = ctypes.CDLL(None)   # the process's own C library: with glibc, it has malloc_trim
 
 
 class OpenAIServer:
@@ -134,22 +137,25 @@ class OpenAIServer:
                 text = tokenizer.apply_chat_template(gen.messages)
             except ModelError as error:
                 raise invalid(str(error), "messages") from None
-            self._check_prompt_size(text, "messages")
-            return tokenizer.encode(text, add_special_tokens=False)
+            return self._encode(text, "messages", add_special_tokens=False)
         if isinstance(gen.prompt, str):
-            self._check_prompt_size(gen.prompt, "prompt")
-            return tokenizer.encode(gen.prompt)
+            return self._encode(gen.prompt, "prompt", add_special_tokens=True)
         vocab_size = self.engine.model_config.vocab_size
         if not all(0 <= t < vocab_size for t in gen.prompt):
             raise invalid(f"prompt token ids must be in [0, {vocab_size})", "prompt")
         return list(gen.prompt)
 
-    def _check_prompt_size(self, text: str, param: str) -> None:
+    def _encode(self, text: str, param: str, add_special_tokens: bool) -> list[int]:
+        """The text's token ids if it is under the cap, else a 400 naming it."""
         limit = self.limits.max_prompt_chars
         if len(text) > limit:
             raise APIError(400, f"the prompt has {len(text)} characters; this server takes at "
                            f"most {limit} per request (--max-prompt-chars)", param,
                            code="prompt_too_long")
+        token_ids = self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(text) >= TRIM_AFTER_CHARS:
+            _give_back_freed_memory()
+        return token_ids
 
     async def _generate(self, req_id: str, token_ids: list[int],
                         params: SamplingParams) -> AsyncIterator[Delta]:
@@ -207,6 +213,15 @@ class OpenAIServer:
 
         role = protocol.chat_chunk(req_id, self.model_name, {"role": "assistant", "content": ""})
         return await _sse(request, gen.include_usage, deltas, chunk, usage_chunk, first=role)
+
+
+def _give_back_freed_memory() -> None:
+    """glibc keeps what tokenizing a long prompt freed, in the arena of each thread
+    that did it (RSS 425 -> 1190 MB over four 4 MB prompts); malloc_trim gives it
+    back to the system. Without glibc, nothing."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 async def _collect(deltas: AsyncIterator[Delta]) -> tuple[str, int, str | None]:
