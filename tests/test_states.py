@@ -257,3 +257,17 @@ def test_diag_launch_exits_crashed_for_a_job_that_ended_after_a_raise_and_1_for_
     assert judged_exit([], 0) == EXIT_HEALTHY
     assert judged_exit([raised], 0) == EXIT_CRASHED               # the job ended by itself
     assert judged_exit([raised], None) == EXIT_VERDICTS           # diag ended a hung job
+
+
+def test_a_rank_seen_waiting_at_the_rendezvous_for_a_rank_not_up_yet_is_no_culprit():
+    """vLLM under load: rank 0's process is slow to start (no probe file yet), rank 1
+    waits for it in init_distributed's rendezvous (gloo's PrefixStore::wait)."""
+    job = Job(tp=2, pp=1)
+    job.startup(1, 10.0, stop_in=Phase.INIT_DISTRIBUTED)
+    del job.ranks[0]
+    job.now = 10.0 + 25.0
+    assert [v.culprit_ranks for v in analyze(job.snapshot())] == [[1]]   # positions alone
+    sample(job, 1, Activity.COLLECTIVE, ["distributed_c10d.py:2169 _new_process_group_helper",
+                                         "[native] libtorch_cpu.so gloo::rendezvous::"
+                                         "PrefixStore::wait"], job.now - 1.0)
+    assert analyze(job.snapshot()) == []

@@ -68,6 +68,15 @@ def sample_wait(view: View, node: Node) -> float:
     return SAMPLE_WAIT_S
 
 
+def absent_ranks(view: View) -> set[int]:
+    """Ranks of the world that have not shown up at all (no probe file yet, none
+    unreadable): a rank seen waiting in a collective may wait on one of them, at
+    a rendezvous while a slow peer still starts."""
+    sizes = [state.identity.world_size for state in view.ranks.values()
+             if state.identity.world_size]
+    return set(range(max(sizes, default=0))) - set(view.ranks) - set(view.unreadable)
+
+
 def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:
     """{rank: its activity and the frame that decided it}, or why it is not known:
     a verdict says whether it was read from what the ranks were doing or from
