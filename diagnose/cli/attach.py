@@ -21,9 +21,9 @@ EXAMPLES = ["diag attach 4242                # the pid of vllm serve, torchrun, 
 def add_attach(commands) -> None:
     parser = add_command(commands, "attach", "name the culprit of a job that is hung now, "
                          "started without diag: its ranks' stacks from outside (py-spy)",
-                         JUDGED_CODES + "\n  2    no ptrace rights over the job "
-                         "(one line names what would give them)", EXAMPLES,
-                         description=__doc__.split("\n\n")[0])
+                         JUDGED_CODES, EXAMPLES, description=__doc__.split("\n\n")[0],
+                         also_2="no ptrace rights over the job (one line names what would "
+                                "give them)")
     a = parser.add_argument
     a("pid", type=_pid, help="vllm serve, a torchrun agent, python -m engine, or any parent "
                              "of the ranks")
