@@ -67,8 +67,11 @@ def test_a_fifo_beside_real_probe_files_is_a_note(tmp_path):
     os.mkfifo(run / "rank-8.probe")
     os.mkfifo(run / "stacks-0.json")
     result = diag_analyze(run)
-    assert result.returncode == 0, result.stderr
+    # the healthy ranks are shown, but a run with an unreadable probe file and no
+    # verdict is no healthy run: bad input, exit 2, with the reason
+    assert result.returncode == 2, result.stderr
     assert "rank-8.probe: not a regular file" in result.stdout
+    assert "cannot be called healthy" in result.stderr
 
 
 def test_a_directory_named_like_a_probe_file(tmp_path):
