@@ -61,10 +61,10 @@ def free_port() -> int:
 
 
 def serve_command(checkpoint: Path, port: int, tp: int, pp: int,
-                  eager: bool = False) -> list[str]:
+                  extra: tuple[str, ...] = ()) -> list[str]:
     return [str(VLLM), "serve", str(checkpoint), "--served-model-name", "tiny", "--host",
             "127.0.0.1", "--port", str(port), "-tp", str(tp), "-pp", str(pp),
-            "--max-model-len", "512", "--max-num-seqs", "8"] + (["--enforce-eager"] * eager)
+            "--max-model-len", "512", "--max-num-seqs", "8", *extra]
 
 
 @dataclass

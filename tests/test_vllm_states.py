@@ -1,0 +1,155 @@
+"""Real vLLM (0.32, CPU build) under diag launch, with faults placed inside the
+wrapped Worker.execute_model by the tests' own vLLM plugin (tests/vllm_env/
+faultplugin, HS_TEST_FAULT), not by --fault: a rank stuck inside a step, an
+exception vLLM catches, a compile inside a step, a crash that vLLM ends with 0.
+The verdicts must come from what each rank is doing now (issue #24): the TP
+all-reduce that a victim waits in runs inside compiled code, at the same
+position as the culprit. Four vLLM starts: each case below starts one."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
+from test_tui_e2e import Terminal
+from vllm_faults import culprits, launch, plugin_installed
+from vllm_serving import make_checkpoint
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not plugin_installed(), reason="real vLLM or the tests' "
+                                 "fault plugin is not installed: run ./setup.sh --vllm"),
+              pytest.mark.timeout(1800)]
+DETECT_S = 10.0           # loose: CI shares two cores with vLLM's compile workers
+COMPILE_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+def rank_row(report: dict, rank: int) -> dict:
+    return next(row for row in report["ranks"] if row["rank"] == rank)
+
+
+def seen_doing(run_dir: Path, rank: int) -> str:
+    """What diag launch last saw the rank do (its state-R.json)."""
+    return json.loads((run_dir / f"state-{rank}.json").read_text())["activity"]
+
+
+def show(case: str, report: dict) -> None:
+    for verdict in report["verdicts"]:
+        print(f"{case}: {verdict['kind']} {verdict['culprit_ranks']} after "
+              f"{verdict['detected_after_s']:.2f} s: {verdict['summary']}", file=sys.stderr)
+
+
+def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:
+    """`diag tui RUN_DIR` in a real pty, watching the live run: its screen once
+    `pattern` is on it."""
+    env = {"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "HOME": str(run_dir.parent),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    terminal = Terminal([sys.executable, "-m", "diagnose.cli", "tui", str(run_dir)], env)
+    try:
+        return terminal.wait_for(pattern, timeout)
+    finally:
+        terminal.child.close(force=True)
+
+
+def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits(
+        tmp_path, checkpoint, cache):
+    run = launch(tmp_path, checkpoint, cache, "rank=0,call=5,kind=sleep")
+    code = run.serve_until_done()
+    report = run.report()
+    show("tp2 rank 0 sleeps at call 5", report)
+    assert culprits(report) == [[0]], [v["summary"] for v in report["verdicts"]]
+    verdict = report["verdicts"][0]
+    assert verdict["victim_ranks"] == [1]
+    assert verdict["detected_after_s"] < DETECT_S
+    assert rank_row(report, 1)["state"] == "victim"
+    assert (seen_doing(run.run_dir, 0), seen_doing(run.run_dir, 1)) == ("sleeping", "collective")
+    assert code == EXIT_VERDICTS, run.server.tail()
+
+
+def test_tp2_pp2_rank3_asleep_inside_its_2nd_step_is_the_one_culprit(tmp_path, checkpoint,
+                                                                      cache):
+    run = launch(tmp_path, checkpoint, cache, "rank=3,call=2,kind=sleep", pp=2)
+    code = run.serve_until_done()
+    report = run.report()
+    show("tp2 pp2 rank 3 sleeps at call 2", report)
+    assert culprits(report) == [[3]], [v["summary"] for v in report["verdicts"]]
+    assert report["verdicts"][0]["detected_after_s"] < DETECT_S
+    assert rank_row(report, 2)["state"] == "victim"
+    assert code == EXIT_VERDICTS, run.server.tail()
+
+
+def test_tp2_rank0_raising_inside_its_4th_step_is_named_with_its_exception(
+        tmp_path, checkpoint, cache):
+    run = launch(tmp_path, checkpoint, cache, "rank=0,call=4,kind=raise")
+    code = run.serve_until_done()
+    report = run.report()
+    show("tp2 rank 0 raises at call 4", report)
+    assert culprits(report) == [[0]], [v["summary"] for v in report["verdicts"]]
+    verdict = report["verdicts"][0]
+    assert verdict["kind"] == "raised"
+    assert "RuntimeError" in verdict["summary"]
+    assert "hs_test_faults: rank 0 raised at call 4" in verdict["summary"]
+    assert code == EXIT_VERDICTS, run.server.tail()
+
+
+def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0_is_crashed(
+        tmp_path, checkpoint, cache):
+    """One start, two checks. Rank 1 runs a new torch.compile inside its 3rd step:
+    no verdict and no kill (with --on-hang kill), and the TUI shows it compiling;
+    the job serves on. Then ranks 2 and 3 assert inside their 30th step, two
+    requests later: vLLM's engine dies and vLLM exits 0; diag says crashed,
+    names the first failure, and exits with its crash code. A hang verdict during the compile would have
+    ended the run (--on-hang kill) with 1 instead."""
+    run = launch(tmp_path, checkpoint, cache, "rank=1,call=3,kind=compile;"
+                 "rank=2,call=30,kind=assert;rank=3,call=30,kind=assert", pp=2)
+    run.start_requests()
+    run.fired("rank 1 call 3: compile", COMPILE_S)
+    screen = tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
+    assert "CULPRIT" not in screen, screen
+    run.fired("rank 1 call 3: compile done", COMPILE_S)
+    served = len(run.texts)
+    code = run.server.finish()
+    run.stop.set()
+    report = run.report()
+    show("tp2 pp2 compile at call 3, then asserts at call 30", report)
+    assert all(1 not in ranks for ranks in culprits(report)), report["verdicts"]
+    assert report["crashed"]["rank"] in (2, 3), report["crashed"]
+    assert "AssertionError" in report["crashed"]["summary"]
+    assert len(run.texts) > served, "nothing served after the compile"
+    assert report["command_exit"] == 0
+    assert code == EXIT_CRASHED, run.server.tail()
+
+
+def test_tp2_eager_compile_inside_a_step_is_progress_not_a_hang(tmp_path, checkpoint, cache):
+    run = launch(tmp_path, checkpoint, cache, "rank=0,call=3,kind=compile", eager=True)
+    run.start_requests()
+    run.fired("rank 0 call 3: compile", COMPILE_S)
+    tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
+    run.fired("rank 0 call 3: compile done", COMPILE_S)
+    served = len(run.texts)
+    deadline = time.monotonic() + 120
+    while len(run.texts) < served + 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    run.stop.set()
+    time.sleep(2)
+    run.server.interrupt(run.vllm_pid())
+    code = run.server.finish()
+    report = run.report()
+    show("tp2 eager compile at call 3", report)
+    assert report["verdicts"] == []
+    assert len(run.texts) >= served + 2, run.server.errors
+    assert code == EXIT_HEALTHY, run.server.tail()

@@ -1,0 +1,87 @@
+"""diag launch around real vLLM with faults from the tests' own vLLM plugin
+(tests/vllm_env/faultplugin, set by HS_TEST_FAULT): faults inside the wrapped
+Worker.execute_model, as a real hang, exception or compile inside a step would
+be. For tests/test_vllm_states.py and benchmarks/vllm_states_stress.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_serving import READY_TIMEOUT_S, VLLM, Server, free_port, serve_command
+
+# a cold compile of four ranks on a loaded 2-core machine; override with HS_VLLM_READY_S
+READY_S = float(os.environ.get("HS_VLLM_READY_S", READY_TIMEOUT_S))
+# vLLM's start-up profile run is one batch this size (4096 by default): a smaller one
+# starts sooner, and a loaded CPU keeps it inside the analysis's start-up limit
+BATCHED_TOKENS = ("--max-num-batched-tokens", "512")
+
+
+def plugin_installed() -> bool:
+    if not VLLM.exists():
+        return False
+    done = subprocess.run([str(VLLM.parent / "python"), "-c", "import hs_test_faults"],
+                          capture_output=True, timeout=60)
+    return done.returncode == 0
+
+
+@dataclass
+class FaultRun:
+    server: Server
+    run_dir: Path
+    texts: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start_requests(self) -> float:
+        """Once the server is ready (the seconds it took), requests one after another."""
+        ready_s = self.server.wait_ready(READY_S)
+        self.server.keep_busy(self.stop, self.texts)
+        return ready_s
+
+    def serve_until_done(self) -> int:
+        """Requests until the command ends: its exit code."""
+        self.start_requests()
+        try:
+            return self.server.finish()
+        finally:
+            self.stop.set()
+
+    def fired(self, line: str, timeout: float) -> float:
+        """Waits for the plugin's line (e.g. "rank 1 call 3: compile done") in the
+        log; the monotonic time it was seen."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if f"hs_test_faults: {line}" in self.server.log.read_text(errors="replace"):
+                return time.monotonic()
+            assert self.server.process.poll() is None, f"ended first:\n{self.server.tail()}"
+            time.sleep(0.5)
+        raise AssertionError(f"{line!r} not in the log in {timeout:.0f} s:\n{self.server.tail()}")
+
+    def report(self) -> dict:
+        return json.loads((self.run_dir / "report.json").read_text())
+
+    def vllm_pid(self) -> int:
+        return json.loads((self.run_dir / "launch.json").read_text())["pid"]
+
+
+def launch(work: Path, checkpoint: Path, cache: Path, fault: str, tp: int = 2, pp: int = 1,
+           eager: bool = False, diag: tuple = ("--on-hang", "kill")) -> FaultRun:
+    """`diag launch DIAG -- vllm serve` with HS_TEST_FAULT=fault, in `work` (so
+    that `python -m diagnose.cli` is the installed diag, or PYTHONPATH's)."""
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir, port = work / "run", free_port()
+    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir), *diag,
+               "--", *serve_command(checkpoint, port, tp, pp,
+                                      BATCHED_TOKENS + ("--enforce-eager",) * eager)]
+    server = Server.start(command, port, cache, tp * pp, work / "diag.log", cwd=work,
+                          env={"HS_TEST_FAULT": fault})
+    return FaultRun(server, run_dir)
+
+
+def culprits(report: dict) -> list[list[int]]:
+    return [verdict["culprit_ranks"] for verdict in report["verdicts"]]
