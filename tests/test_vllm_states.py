@@ -4,7 +4,7 @@ faultplugin, HS_TEST_FAULT), not by --fault: a rank stuck inside a step, an
 exception vLLM catches, a compile inside a step, a crash that vLLM ends with 0.
 The verdicts must come from what each rank is doing now (issue #24): the TP
 all-reduce that a victim waits in runs inside compiled code, at the same
-position as the culprit. Four vLLM starts: each case below starts one."""
+position as the culprit. Five vLLM starts: each test below starts one."""
 from __future__ import annotations
 
 import json
