@@ -39,6 +39,7 @@ RESULTS = REPO / "benchmarks" / "results" / "vllm_matrix.json"
 DOC = REPO / "docs" / "vllm-matrix.md"
 INSTALL = REPO / "tests" / "vllm_env" / "install.sh"
 TESTS = "tests/test_vllm.py"
+DETAIL_LINES = 25        # of a failure's text, kept in the JSON
 
 
 def main() -> None:
@@ -177,8 +178,10 @@ def tests(venv: Path, select: str, ready_s: float | None) -> dict:
     """Each vLLM test's outcome: passed, failed (with its first line) or skipped."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
+        # a base temp of its own: other pytest sessions on the machine prune the shared one
         command = [sys.executable, "-m", "pytest", TESTS, "-q", "-p", "no:cacheprovider",
-                   f"--junitxml={report}"] + (["-k", select] if select else [])
+                   f"--junitxml={report}", f"--basetemp={tmp}/pytest"] + (
+                       ["-k", select] if select else [])
         env = dict(os.environ, HANGSCOPE_VLLM_VENV=str(venv), PYTHONPATH=str(REPO))
         if ready_s is not None:
             env["HANGSCOPE_VLLM_READY_S"] = str(ready_s)
@@ -189,12 +192,16 @@ def tests(venv: Path, select: str, ready_s: float | None) -> dict:
         for case in ElementTree.parse(report).iter("testcase"):
             failed = case.find("failure")
             failed = case.find("error") if failed is None else failed
+            detail = []
             if failed is not None:
                 first = (failed.get("message") or "").strip().splitlines()[:1]
                 result = "failed: " + (first[0][:160] if first else "")
+                detail = (failed.text or "").strip().splitlines()[-DETAIL_LINES:]
             else:
                 result = "skipped" if case.find("skipped") is not None else "passed"
             outcome[case.get("name")] = {"result": result, "s": round(float(case.get("time", 0)))}
+            if detail:
+                outcome[case.get("name")]["detail"] = [line[:300] for line in detail]
         return outcome
 
 

@@ -3,7 +3,7 @@ a `vllm` package this test writes (tests/programs/vllm_stub.py's modules), with
 vLLM's module layout and process names but without several of the names that
 HOOKS in diagnose/probe/vllm.py wraps. A stub because no real release lacks
 exactly these names, and a real one takes minutes to start; the real releases
-are run by tests/vllm_env/matrix.sh and test_vllm.py. The job is real: `diag
+are run by benchmarks/vllm_matrix.py and test_vllm.py. The job is real: `diag
 launch` around an engine core and two worker processes that import the stub as
 vLLM's own processes import vLLM."""
 from __future__ import annotations
