@@ -2,13 +2,15 @@
 CPU build, .venv-vllm from ./setup.sh --vllm), each run with a fresh compile
 cache (so vLLM's own start-up compile is cold too) and fresh requests.
 
-    python benchmarks/vllm_states_stress.py [--repeats 3] [-o benchmarks/results/vllm_states_stress.json]
+    python benchmarks/vllm_states_stress.py [--repeats 3] \
+        [-o benchmarks/results/vllm_states_stress.json]
 
 Two cases (issue #24, done-when 4), under `diag launch --on-hang kill`, faults
 from the tests' own vLLM plugin (tests/vllm_env/faultplugin) inside the wrapped
 Worker.execute_model:
-  - tp=2 pp=2 compiled: rank 1 runs a real torch.compile of a new function in
-    its 3rd execute_model (Inductor's C++ build in a child, its cache lock);
+  - tp=2 pp=2 compiled: rank 1 runs real torch.compiles of new functions for
+    30 s in its 3rd execute_model (Inductor's C++ builds in children, its cache
+    lock);
   - tp=2 --enforce-eager: rank 0 does the same.
 While the compile runs, `diag analyze RUN_DIR --json` is asked what each rank
 does; after it, requests must still be served; then vLLM is stopped with SIGINT.
@@ -76,8 +78,8 @@ def compiling_seen(run_dir: Path) -> bool:
 
 
 def run_case(case: Case, repeat: int, checkpoint: Path, work: Path) -> Outcome:
-    run = launch(work, checkpoint, work / "cache", f"rank={case.rank},call=3,kind=compile",
-                 pp=case.pp, eager=case.eager)
+    fault = f"rank={case.rank},call=3,kind=compile,seconds=30"
+    run = launch(work, checkpoint, work / "cache", fault, pp=case.pp, eager=case.eager)
     seen = False
     try:
         ready_s = run.start_requests()

@@ -28,9 +28,11 @@ class Worker:
 def test_a_spec_of_several_faults_is_read_whole():
     assert parse("rank=1,call=3,kind=sleep;rank=2,call=30,kind=assert,seconds=5") == [
         Fault(1, 3, "sleep"), Fault(2, 30, "assert", 5.0)]
+    assert parse("rank=0,call=3,kind=compile,seconds=30") == [Fault(0, 3, "compile", 30.0)]
 
 
-@pytest.mark.parametrize("spec", ["rank=1,call=3", "rank=1,call=3,kind=explode", "call=3,kind=raise"])
+@pytest.mark.parametrize("spec", ["rank=1,call=3", "rank=1,call=3,kind=explode",
+                                  "call=3,kind=raise"])
 def test_a_malformed_spec_is_named(spec):
     with pytest.raises(ValueError, match="HS_TEST_FAULT"):
         parse(spec)

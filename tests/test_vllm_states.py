@@ -108,13 +108,14 @@ def test_tp2_rank0_raising_inside_its_4th_step_is_named_with_its_exception(
 
 def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0_is_crashed(
         tmp_path, checkpoint, cache):
-    """One start, two checks. Rank 1 runs a new torch.compile inside its 3rd step:
-    no verdict and no kill (with --on-hang kill), and the TUI shows it compiling;
-    the job serves on. Then ranks 2 and 3 assert inside their 30th step, two
-    requests later: vLLM's engine dies and vLLM exits 0; diag says crashed,
-    names the first failure, and exits with its crash code. A hang verdict during the compile would have
+    """One start, two checks. Rank 1 compiles new functions for 30 s inside its
+    3rd step (long enough for the sampler and the TUI to see it): no verdict
+    and no kill (with --on-hang kill), and the TUI shows it compiling; the job
+    serves on. Then ranks 2 and 3 assert inside their 30th step, two requests
+    later: vLLM's engine dies and vLLM exits 0; diag says crashed, names the
+    first failure, and exits with its crash code. A hang verdict during the compile would have
     ended the run (--on-hang kill) with 1 instead."""
-    run = launch(tmp_path, checkpoint, cache, "rank=1,call=3,kind=compile;"
+    run = launch(tmp_path, checkpoint, cache, "rank=1,call=3,kind=compile,seconds=30;"
                  "rank=2,call=30,kind=assert;rank=3,call=30,kind=assert", pp=2)
     run.start_requests()
     run.fired("rank 1 call 3: compile", COMPILE_S)
@@ -135,7 +136,7 @@ def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0
 
 
 def test_tp2_eager_compile_inside_a_step_is_progress_not_a_hang(tmp_path, checkpoint, cache):
-    run = launch(tmp_path, checkpoint, cache, "rank=0,call=3,kind=compile", eager=True)
+    run = launch(tmp_path, checkpoint, cache, "rank=0,call=3,kind=compile,seconds=30", eager=True)
     run.start_requests()
     run.fired("rank 0 call 3: compile", COMPILE_S)
     tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)

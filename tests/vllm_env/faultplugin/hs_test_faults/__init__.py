@@ -9,7 +9,8 @@ the first), before vLLM's own execute_model runs:
     sleep    block for `seconds` (default 3600), as a rank stuck inside a step
     raise    raise RuntimeError, which vLLM's worker loop catches and returns
     compile  torch.compile a function no cache has seen and run it (Inductor
-             builds C++ in a subprocess under its cache lock), then go on
+             builds C++ in a subprocess under its cache lock), again with a new
+             one until `seconds` (default 0: once) have passed, then go on
     assert   assert False: vLLM's worker loop catches the AssertionError too
 
 vLLM loads general plugins in each worker before it builds the worker, and
@@ -36,7 +37,7 @@ class Fault:
     rank: int
     call: int
     kind: str
-    seconds: float = 3600.0
+    seconds: float | None = None
 
 
 def parse(text: str) -> list[Fault]:
@@ -47,7 +48,7 @@ def parse(text: str) -> list[Fault]:
         if fields.get("kind") not in KINDS or not {"rank", "call"} <= fields.keys():
             raise ValueError(f"{VAR}: {spec!r} needs rank=R,call=N,kind={'|'.join(KINDS)}")
         faults.append(Fault(int(fields["rank"]), int(fields["call"]), fields["kind"],
-                            float(fields.get("seconds", 3600))))
+                            float(fields["seconds"]) if "seconds" in fields else None))
     return faults
 
 
@@ -81,13 +82,16 @@ def _fire(fault: Fault) -> None:
     print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind}",
           file=sys.stderr, flush=True)
     if fault.kind == "sleep":
-        time.sleep(fault.seconds)
+        time.sleep(3600.0 if fault.seconds is None else fault.seconds)
     elif fault.kind == "raise":
         raise RuntimeError(f"hs_test_faults: rank {fault.rank} raised at call {fault.call}")
     elif fault.kind == "assert":
         assert False, f"hs_test_faults: rank {fault.rank} asserted at call {fault.call}"
     else:
+        end = time.monotonic() + (fault.seconds or 0.0)
         _compile_something_new()
+        while time.monotonic() < end:
+            _compile_something_new()
     print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind} done",
           file=sys.stderr, flush=True)
 
