@@ -1,9 +1,10 @@
 """diag attach on real vLLM (0.32, its CPU build) started without diag: tp=2 pp=2,
-compiled as vLLM serves by default, serving one request after another. First
-healthy (no hang: ranks progressing), then with rank 2 asleep inside its
-CALL-th Worker.execute_model, put there by the tests' vLLM plugin
-(tests/vllm_env/faultplugin, HS_TEST_FAULT): its peers wait for it in the
-step's collectives. One vLLM start for both: each costs minutes here."""
+compiled as vLLM serves by default, serving one request after another, with
+rank 2 asleep inside its CALL-th Worker.execute_model, put there by the tests'
+vLLM plugin (tests/vllm_env/faultplugin, HS_TEST_FAULT): its peers wait for it
+in the step's collectives. (A healthy job under load is tests/test_attach.py's
+torchrun case: the plugin fires by call count, and a tiny model's steps here
+run from 5 to 50 a second, so no count leaves a safe healthy window.)"""
 from __future__ import annotations
 
 import json
@@ -22,13 +23,14 @@ from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "
                                  "run ./setup.sh --vllm (CI does)"),
-              pytest.mark.timeout(900)]
+              pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[1]
-CALL = 200            # some 20 requests in: time for the healthy look first
+CALL = 3
 FAULT = f"rank=2,call={CALL},kind=sleep"
 FIRED = f"hs_test_faults: rank 2 call {CALL}: sleep"
 VERDICT_WITHIN_S = 15.0
+READY_S = 900.0       # a cold compile of tp=2 pp=2 took over 420 s on 2 cores under load
 
 
 def tree(pid: int) -> set[int]:
@@ -40,6 +42,7 @@ def end(server: Server, pids: set[int]) -> None:
     """SIGINT to vllm serve, then SIGKILL to whatever of its processes is left:
     a worker asleep inside a step does not stop by itself."""
     if server.process.poll() is None:
+        pids |= tree(server.process.pid)     # all of them, even before ready
         server.interrupt()
     _, alive = psutil.wait_procs([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)],
                                  timeout=30)
@@ -59,8 +62,7 @@ def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]
     return done, time.monotonic() - start
 
 
-def test_vllm_tp2_pp2_healthy_then_a_rank_asleep_inside_execute_model(tmp_path_factory,
-                                                                      tmp_path):
+def test_vllm_tp2_pp2_rank_asleep_inside_execute_model(tmp_path_factory, tmp_path):
     checkpoint = make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
     port = free_port()
     server = Server.start(serve_command(checkpoint, port, 2, 2), port,
@@ -69,36 +71,32 @@ def test_vllm_tp2_pp2_healthy_then_a_rank_asleep_inside_execute_model(tmp_path_f
     pids: set[int] = set()
     stop = threading.Event()
     try:
-        server.wait_ready()
-        pids = tree(server.process.pid)
-        texts: list[str] = []
-        server.keep_busy(stop, texts)
-        while not texts:
-            assert server.process.poll() is None, server.tail()
-            time.sleep(0.5)
-        healthy, took = attach(server.process.pid, tmp_path / "healthy")
-        print(f"\ndiag attach time to verdict: vLLM tp2 pp2 under load: {took:.1f} s")
-        assert FIRED not in server.log.read_text(errors="replace"), "fired too soon: raise CALL"
-        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-        body = json.loads(healthy.stdout)
-        assert body["verdicts"] == [] and body["attach"]["moving"], body["attach"]
+        server.wait_ready(READY_S)
+        server.keep_busy(stop, [])
         deadline = time.monotonic() + 300
         while FIRED not in server.log.read_text(errors="replace"):
             assert time.monotonic() < deadline, server.tail()
             time.sleep(0.5)
         time.sleep(2.0)                     # its peers go on into the step and wait there
+        pids = tree(server.process.pid)
         done, took = attach(server.process.pid, tmp_path / "attach")
-        print(f"diag attach time to verdict: vLLM tp2 pp2, rank 2 asleep: {took:.1f} s")
+        print(f"\ndiag attach time to verdict: vLLM tp2 pp2, rank 2 asleep: {took:.1f} s")
         assert done.returncode == 1, done.stderr
         body = json.loads(done.stdout)
         assert [v["culprit_ranks"] for v in body["verdicts"]] == [[2]], body["verdicts"]
         assert "rank 2 (pp 1/2, tp 0)" in body["verdicts"][0]["summary"]
         assert took < VERDICT_WITHIN_S
         # untouched: every process still runs, rank 2 still asleep in the plugin
-        assert tree(server.process.pid) == pids
+        assert all(running(pid) for pid in pids)
         assert f"rank 2 call {CALL}: sleep done" not in server.log.read_text(errors="replace")
     finally:
         stop.set()
         end(server, pids)
-    assert not [pid for pid in pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [pid for pid in pids if running(pid)]
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
