@@ -18,6 +18,14 @@ planted culprit (diagnose/synth.py).
 
 Every row names the verdict; the benchmark fails if it does not name the
 planted culprit. Prints a table and writes the numbers as JSON.
+
+    PYTHONPATH=. python benchmarks/scale.py --sizes 1024,4096,16384
+        [--json benchmarks/results/scale_ranks.json]
+
+--sizes: instead, the growth with the job: at each size, `diag synth` writes a
+run dir (tp=8, the culprit never reached execute_model) and `diag analyze`
+reads it; each in a subprocess, its wall time, CPU time and max RSS. CPU time
+is what the machine's load does not change.
 """
 from __future__ import annotations
 
@@ -185,6 +193,43 @@ def bench_cli(what: str, path: str, culprit: int) -> Row:
                numbers={"wall_s": wall, "cpu_s": cpu, "max_rss_mb": rss})
 
 
+def run_child(args: list[str]) -> tuple[str, float, float, float]:
+    """(stdout, wall s, CPU s, max RSS MB) of `python -m diagnose.cli ARGS`."""
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "diagnose.cli", *args], stdout=subprocess.PIPE)
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) not in (0, 1):
+        raise SystemExit(f"diag {' '.join(args)} failed (exit {os.waitstatus_to_exitcode(status)})")
+    return (output.decode(), time.perf_counter() - start, usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss / 1024)
+
+
+def bench_sizes(sizes: list[int], tp: int) -> list[dict]:
+    rows = []
+    for ranks in sizes:
+        culprit = ranks // 2 + 3
+        work = tempfile.mkdtemp(prefix="diag-scale-")
+        try:
+            run_dir = os.path.join(work, "run")
+            _, synth_wall, synth_cpu, synth_rss = run_child(
+                ["synth", run_dir, "--ranks", str(ranks), "--tp", str(tp),
+                 "--culprit", str(culprit)])
+            disk = sum(entry.stat().st_size for entry in os.scandir(run_dir))
+            output, wall, cpu, rss = run_child(["analyze", run_dir, "--json"])
+        finally:
+            shutil.rmtree(work)
+        verdict = verdict_text(json.loads(output)["verdicts"], culprit)
+        rows.append({"ranks": ranks, "verdict": verdict, "analyze_wall_s": wall,
+                     "analyze_cpu_s": cpu, "analyze_max_rss_mb": rss,
+                     "synth_wall_s": synth_wall, "synth_cpu_s": synth_cpu,
+                     "synth_max_rss_mb": synth_rss, "run_dir_mb": disk / MB})
+        print(f"{ranks:>6} ranks  analyze {wall:6.1f} s wall {cpu:6.1f} s CPU {rss:6.0f} MB   "
+              f"synth {synth_wall:6.1f} s wall {synth_cpu:6.1f} s CPU {synth_rss:5.0f} MB   "
+              f"{disk / MB:5.0f} MB on disk   {verdict}", flush=True)
+    return rows
+
+
 def print_table(rows: list[Row]) -> None:
     columns = [("what", 52), ("time", 44), ("memory", 16), ("aim", 10), ("met", 5),
                ("verdict", 36)]
@@ -203,8 +248,20 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=2000,
                         help="collective records per rank in (a), entries per dump in (c)")
     parser.add_argument("--live-s", type=float, default=20.0, help="how long (b)'s loop runs")
-    parser.add_argument("--json", default=os.path.join("benchmarks", "results", "scale.json"))
+    parser.add_argument("--sizes", help="comma-separated rank counts: the growth table instead")
+    parser.add_argument("--json")
     args = parser.parse_args()
+    if args.sizes:
+        sizes = [int(size) for size in args.sizes.split(",")]
+        rows = bench_sizes(sizes, args.tp)
+        out = args.json or os.path.join("benchmarks", "results", "scale_ranks.json")
+        with open(out, "w") as sink:
+            json.dump({"tp": args.tp, "python": platform.python_version(),
+                       "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                       "rows": rows}, sink, indent=2)
+        print(f"wrote {out}")
+        return
+    args.json = args.json or os.path.join("benchmarks", "results", "scale.json")
 
     # The subprocesses run first: a child's ru_maxrss starts from its parent's
     # RSS when it forked, and (a) leaves this process large.
