@@ -1,13 +1,16 @@
-"""Fuzzing `diag analyze` with damaged copies of real input: the recorded run dirs
-(tests/fixtures/runs) and real Flight Recorder dumps (tests/fixtures/fr_*), each
-mutated by byte flips, truncations, values swapped in their JSON or pickles,
-and deleted files. Whatever the damage: no traceback, no hang, and exit 0, 1
-or 2.
+"""Fuzzing `diag analyze` and `diag logs` with damaged copies of real input: the
+recorded run dirs (tests/fixtures/runs), real Flight Recorder dumps
+(tests/fixtures/fr_*) and real logs (tests/fixtures/logs), each mutated by byte
+flips, truncations, values swapped in their JSON or pickles, deleted files,
+pickles that ask for gigabytes (a memo index, a length), process groups of
+100,000 ranks, and escape sequences and long lines in logs. Whatever the
+damage: no traceback, no hang, and exit 0, 1 or 2.
 
     DIAG_FUZZ_S=600 DIAG_FUZZ_SEED=7 pytest tests/test_fuzz_analyze.py
+    python benchmarks/fuzz.py --seconds 600      # the same, with a results JSON
 
-runs for DIAG_FUZZ_S seconds (default 5) from seed DIAG_FUZZ_SEED (default:
-a new one, printed with any failure). The cases run in one worker process,
+runs for DIAG_FUZZ_S seconds (default 5) from seed DIAG_FUZZ_SEED (default
+SEED: CI runs the same cases each time; any failure prints its seed). The cases run in one worker process,
 which the test replaces when a case outlasts CASE_TIMEOUT_S; `diag analyze`'s
 main() runs there as on the command line, so an exception it lets out is a
 failure here whatever a caller above it would make of it.
@@ -22,6 +25,7 @@ import pickle
 import random
 import select
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -32,7 +36,10 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 RUN_DIRS = ["runs/no_fault", "runs/rank6_never_reached"]
 FR_DIRS = ["fr_hang", "fr_healthy", "fr_nccl_hang", "fr_peer/build_4_uneven_broadcast_oop_coalesced",
            "fr_peer/all_events"]
+LOGS = ["engine_tp2pp2_rank3_sigkill.log", "nccl_watchdog_vllm23448.log",
+        "nccl_desync_pytorch152623.log", "torchrun_gloo_skip.log"]
 CASE_TIMEOUT_S = 30.0
+SEED = 27
 DEPTH = 200                      # nested values: deep, and still within json's and pickle's reach
 VALUES = [None, -1, 0, 1, 2 ** 63, 10 ** 30, 1e308, float("inf"), float("nan"), "", "x", "0",
           "nccl:send 0->99", [], [[]], [1, "a"], {}, {"0": [0, 1]}, True, 0.5]
@@ -154,20 +161,69 @@ def pick_file(directory: str, rng: random.Random) -> str:
     return os.path.join(directory, rng.choice(names))
 
 
+def pickle_bomb(directory: str, rng: random.Random) -> str:
+    """A dump replaced by a few bytes that ask for gigabytes: a memo index
+    (LONG_BINPUT) or a string's length (BINUNICODE8)."""
+    path = pick_file(directory, rng)
+    asks = rng.choice([b"}r" + struct.pack("<I", 2 ** rng.randint(20, 32) - 1) + b".",
+                       b"\x8d" + struct.pack("<Q", 2 ** rng.randint(30, 63)) + b"x"])
+    write(path, b"\x80\x04" + asks)
+    return f"bomb {os.path.basename(path)}"
+
+
+def huge_group(directory: str, rng: random.Random) -> str:
+    """A dump whose every process group lists up to 100,000 ranks."""
+    path = pick_file(directory, rng)
+    try:
+        dump = pickle.loads(read(path))
+        ranks = str(list(range(rng.choice([2_000, 70_000, 100_000]))))
+        for group in dump["pg_config"].values():
+            group["ranks"] = ranks
+    except Exception:            # already damaged, or no pg_config: leave it so
+        return f"huge group {os.path.basename(path)}: not a dump, left"
+    write(path, pickle.dumps(dump, protocol=2))
+    return f"huge group {os.path.basename(path)}"
+
+
+def hostile_lines(directory: str, rng: random.Random) -> str:
+    """Escape sequences, NULs, invalid UTF-8 and a very long line in a log."""
+    path = pick_file(directory, rng)
+    lines = read(path).split(b"\n")
+    for _ in range(rng.randint(1, 8)):
+        at = rng.randrange(len(lines) + 1)
+        lines.insert(at, rng.choice([b"\x1b[2J\x1b]0;owned\x07ERROR fine", b"\x00" * 64,
+                                     b"\xff\xfe\xc3(" * 32, b"RuntimeError: " + b"x" * 2_000_000,
+                                     b"[rank3]: " + b"\x1b[32m" * 1000]))
+    write(path, b"\n".join(lines))
+    return f"hostile lines {os.path.basename(path)}"
+
+
 MUTATIONS = [flip_bytes, flip_bytes, truncate, swap_value, swap_value, delete]
+FR_MUTATIONS = [pickle_bomb, huge_group]
+LOG_MUTATIONS = [flip_bytes, truncate, hostile_lines, hostile_lines]
 
 
-def make_case(rng: random.Random, target: str) -> list[str]:
-    source = rng.choice(RUN_DIRS + FR_DIRS)
-    shutil.copytree(os.path.join(FIXTURES, source), target)
+def make_case(rng: random.Random, target: str) -> tuple[list[str], list[str]]:
+    """(the mutations done, the diag command's arguments)."""
+    source = rng.choice(RUN_DIRS + FR_DIRS + ["logs"])
+    if source == "logs":
+        os.makedirs(target)
+        for name in rng.sample(LOGS, rng.randint(1, 2)):
+            shutil.copy(os.path.join(FIXTURES, "logs", name), target)
+        mutations, args = LOG_MUTATIONS, ["logs"] + [os.path.join(target, name)
+                                                     for name in sorted(os.listdir(target))]
+    else:
+        shutil.copytree(os.path.join(FIXTURES, source), target)
+        mutations = MUTATIONS + ([add_node_file] if source in RUN_DIRS else FR_MUTATIONS)
+        args = ["analyze", target]
     done = [source]
-    mutations = MUTATIONS + ([add_node_file] if source in RUN_DIRS else [])
     for _ in range(rng.randint(1, 3)):
         try:
             done.append(rng.choice(mutations)(target, rng))
         except FileNotFoundError:
             break
-    return done
+    return done, args + rng.choice([[], ["--json"]] + [["--stall-timeout", "0"]] * (
+        args[0] == "analyze"))
 
 
 # The worker: runs `diag analyze` in-process, one case a line.
@@ -214,15 +270,20 @@ class Worker:
 
 def test_damaged_input_never_gives_a_traceback_a_hang_or_another_exit_code(tmp_path):
     seconds = float(os.environ.get("DIAG_FUZZ_S", "5"))
-    seed = int(os.environ.get("DIAG_FUZZ_SEED", random.randrange(1 << 30)))
+    seed = int(os.environ.get("DIAG_FUZZ_SEED", SEED))
+    cases, failures = fuzz(seconds, seed, str(tmp_path))
+    assert not failures, f"seed {seed}, {cases} cases:\n" + "\n".join(failures)
+
+
+def fuzz(seconds: float, seed: int, work: str) -> tuple[int, list[str]]:
+    """(cases run, failures) of `seconds` of cases from `seed`, in `work`."""
     rng = random.Random(seed)
     failures, cases, worker_proc = [], 0, Worker()
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline and len(failures) < 5:
-            target = str(tmp_path / f"case-{cases}")
-            mutations = make_case(rng, target)
-            args = ["analyze", target] + rng.choice([[], ["--json"], ["--stall-timeout", "0"]])
+            target = os.path.join(work, f"case-{cases}")
+            mutations, args = make_case(rng, target)
             result = worker_proc.run(args, CASE_TIMEOUT_S)
             problem = judge(result)
             if problem:
@@ -235,7 +296,7 @@ def test_damaged_input_never_gives_a_traceback_a_hang_or_another_exit_code(tmp_p
             cases += 1
     finally:
         worker_proc.stop()
-    assert not failures, f"seed {seed}, {cases} cases:\n" + "\n".join(failures)
+    return cases, failures
 
 
 def judge(result: dict | None) -> str | None:
