@@ -2,8 +2,10 @@
 analyze` reads it back and names the planted culprit. How long each takes is
 benchmarks/scale.py's (--sizes); here only that the verdict is right."""
 import json
+import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -17,8 +19,14 @@ def diag(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_diag_analyze_names_the_culprit_of_16384_ranks(tmp_path):
-    run = tmp_path / "run"
+def test_diag_analyze_names_the_culprit_of_16384_ranks():
+    with tempfile.TemporaryDirectory(prefix="diag-scale-") as work:
+        check_16384_ranks(pathlib.Path(work) / "run")
+
+
+def check_16384_ranks(run: pathlib.Path) -> None:
+    """Outside pytest's tmp_path: a run of minutes outlives the basetemp that
+    other pytest sessions of the same user rotate away."""
     made = diag("synth", run, "--ranks", RANKS, "--culprit", CULPRIT)
     assert made.returncode == 0, made.stderr
     assert len(list(run.glob("rank-*.probe"))) == RANKS
