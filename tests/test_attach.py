@@ -54,17 +54,25 @@ class Job:
             time.sleep(0.5)
 
     def end(self) -> None:
+        """SIGTERM to its process group, then SIGKILL to every process of its tree
+        still there: torchrun's workers run in sessions of their own, which a
+        group signal misses if the agent dies first."""
+        tree = []
         if self.proc.poll() is None:
-            self.shm.sample([proc.pid for proc in self.processes()])
+            tree = self.processes()
+            self.shm.sample([proc.pid for proc in tree])
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)     # what SIGTERM left, if anything
-        except ProcessLookupError:
-            pass
+        _, left = psutil.wait_procs(tree, timeout=1)
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=10)
         self.proc.wait(30)
         self.shm.remove_leftovers()
 
