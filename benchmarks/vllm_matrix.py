@@ -44,7 +44,7 @@ DETAIL_LINES = 25        # of a failure's text, kept in the JSON
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("releases", nargs="+", help="VERSION or VERSION=VENV")
+    parser.add_argument("releases", nargs="*", help="VERSION or VERSION=VENV")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "hangscope-vllm",
                         help="the venvs and downloaded wheels (default: %(default)s)")
     parser.add_argument("-k", default="", help="run only the vLLM tests pytest -k selects")
@@ -52,10 +52,15 @@ def main() -> None:
     parser.add_argument("--ready-s", type=float, default=None,
                         help="how long a vLLM server may take to start (a loaded machine "
                              "compiles slowly; the tests' default is 420 s)")
+    parser.add_argument("--remark", action="append", default=[], metavar="VERSION=TEXT",
+                        help="a remark on a release's results, kept in the JSON and the table")
     parser.add_argument("--hooks-only", action="store_true",
                         help="no install: the hook rows from the release's wheel")
     opts = parser.parse_args()
     results = _load()
+    for remark in opts.remark:
+        version, _, text = remark.partition("=")
+        results.setdefault(version, {"release": version})["remark"] = text
     for spec in opts.releases:
         version, _, given = spec.partition("=")
         ran = {"release": version, "command": " ".join(map(shlex.quote, sys.argv)),
@@ -241,6 +246,9 @@ def render(results: dict) -> str:
     for v in releases:
         runs.setdefault(f"`{results[v]['command']}` ({results[v]['when']}, "
                         f"{results[v]['machine']})", []).append(v)
+    remarks = [f"- {v}: {results[v]['remark']}" for v in releases if results[v].get("remark")]
+    if remarks:
+        lines += ["", "Remarks, written by hand after reading the runs' JSON:", ""] + remarks
     lines += ["", "Runs:", ""] + [f"- {', '.join(vs)}: {run}" for run, vs in runs.items()]
     return "\n".join(lines) + "\n"
 
