@@ -146,3 +146,10 @@ def test_a_compiler_child_makes_a_rank_compiling_whatever_its_stack():
     assert (sample.activity, sample.rule, sample.frame) == (Activity.COMPILING, "compile-child",
                                                             "g++ (pid 8)")
     assert sample.compiling_since == 1.0
+
+
+def test_a_main_thread_at_work_moves_whatever_its_frames():
+    samples = Samples(busy=True)
+    for at in (1.0, 2.0, 3.0):       # a step inside one compiled graph: the same frames
+        samples.taken.append(Sample(at, {"MainThread": ["a.py:1 main", "graph.py:9 call"]}))
+    assert (samples.moved(), samples.moved_at()) == (True, 3.0)

@@ -18,11 +18,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import psutil
+
 from diagnose.analysis.activity import classify
 from diagnose.core.progress import Advance, quiet
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
-from diagnose.launch.states import compiler_child
+from diagnose.launch.states import BUSY_SHARE, compiler_child
 
 MAIN_THREAD = "MainThread"
 NATIVE_BUDGET_S = 9.0
@@ -48,6 +50,7 @@ class Samples:
     notes: list[str] = field(default_factory=list)   # py-spy's, each once
     denied: bool = False                             # ptrace was refused
     compiler: str | None = None    # a compiler child at work over the samples ('g++ (pid N)')
+    busy: bool = False             # its main thread used CPU over the samples: it computes
 
     @property
     def last(self) -> dict[str, list[str]] | None:
@@ -58,18 +61,21 @@ class Samples:
         return next((s for s in reversed(self.taken) if s.threads is not None), None)
 
     def moved(self) -> bool:
-        """The main thread's Python frames changed between two dumps."""
+        """The main thread's Python frames changed between two dumps, or it used
+        CPU (a step inside one compiled graph shows the same frames each time)."""
         seen = self._python_dumps()
         return len(seen) > 1 and self.moved_at() > seen[0].at
 
     def moved_at(self) -> float | None:
-        """When the main thread's Python frames were last seen to change; the first
-        dump's time where they never did; None without two dumps to compare. Only
-        Python-only dumps are compared: a native one may name Python frames
-        otherwise."""
+        """When the main thread's Python frames were last seen to change (the last
+        dump's time if it was busy); the first dump's time where they never did;
+        None without two dumps to compare. Only Python-only dumps are compared: a
+        native one may name Python frames otherwise."""
         seen = self._python_dumps()
         if len(seen) < 2:
             return None
+        if self.busy:
+            return seen[-1].at
         moved = seen[0].at
         for before, after in zip(seen, seen[1:]):
             if after.main_frames != before.main_frames:
@@ -97,14 +103,15 @@ def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
     or only how it waits: a sleep, a poll), running beside the rounds (it pauses
     the process, and unwinding libtorch takes seconds), as many at a time as
     there are CPUs, all within NATIVE_BUDGET_S. A compiler child at work over the
-    samples (launch.states.compiler_child) is noted. advance(1, what) after each
-    dump."""
+    samples (launch.states.compiler_child) is noted, and a main thread that used
+    CPU over them is busy. advance(1, what) after each dump."""
     samples = {name: Samples() for name in pids}
     deadline = time.monotonic() + NATIVE_BUDGET_S
     natives = {}
     worker_cpu: dict[int, float] = {}
     for pid in pids.values():
         compiler_child(pid, worker_cpu)     # a compile worker's CPU time now
+    watched, main_cpu = time.monotonic(), {name: _main_cpu(pid) for name, pid in pids.items()}
     with ThreadPoolExecutor(max_workers=max(1, len(pids))) as rounds_pool, \
             ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as native_pool:
         for index in range(rounds):
@@ -124,9 +131,23 @@ def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
         for name, future in natives.items():
             _keep(samples[name], future.result(), True)
             advance(0, f"native frames of {name}")
+    spent = time.monotonic() - watched
     for name, pid in pids.items():
         samples[name].compiler = compiler_child(pid, worker_cpu)
+        used = _main_cpu(pid) - main_cpu[name]
+        samples[name].busy = used >= BUSY_SHARE * spent
     return samples
+
+
+def _main_cpu(pid: int) -> float:
+    """CPU seconds of the process's main thread (its id is the pid): a rank blocked
+    in a sleep, a lock or a collective spends next to none, whatever its other
+    threads (OpenMP's, gloo's) do."""
+    try:
+        thread = next((t for t in psutil.Process(pid).threads() if t.id == pid), None)
+    except psutil.Error:
+        return 0.0
+    return thread.user_time + thread.system_time if thread else 0.0
 
 
 def _told(samples: Samples) -> bool:
