@@ -97,13 +97,14 @@ def _fire(fault: Fault) -> None:
 
 
 def _compile_something_new() -> None:
-    """A function whose graph holds a constant no cache has seen (this process's
-    id and the time), so Inductor builds it from scratch."""
+    """A new function (its own code object, so Dynamo's recompile limit never
+    turns it to eager) whose graph holds a constant no cache has seen, so
+    Inductor builds it from scratch."""
     import torch
     salt = float(os.getpid() % 9973) + time.time() % 1.0
-
-    def new_function(x):
-        return torch.nn.functional.gelu(x * salt + 1.0).sum(dim=-1)
-
-    compiled = torch.compile(new_function, backend="inductor", dynamic=False)
+    source = (f"def new_function(x):\n"
+              f"    return torch.nn.functional.gelu(x * {salt!r} + 1.0).sum(dim=-1)\n")
+    namespace = {"torch": torch}
+    exec(compile(source, f"<hs_test_faults {salt!r}>", "exec"), namespace)
+    compiled = torch.compile(namespace["new_function"], backend="inductor", dynamic=False)
     compiled(torch.randn(8, 64))
