@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,11 @@ def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:
     try:
         return terminal.wait_for(pattern, timeout)
     finally:
-        terminal.child.close(force=True)
+        # pexpect's own close gives a child a fraction of a second to die: too
+        # little on a loaded machine
+        os.kill(terminal.child.pid, signal.SIGKILL)
+        terminal.child.wait()
+        terminal.child.close()
 
 
 def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits(
