@@ -7,7 +7,8 @@ MASTER_ADDR:MASTER_PORT+1.
 
 Every node must hold the same secret in ENGINE_NODE_TOKEN. Before a single
 object crosses a link, each end proves that it knows the token
-(diagnose/core/link.py: an HMAC challenge-response each way). Until then the
+(diagnose/core/link.py: HMAC-SHA256 over both ends' nonces, and a tag on every
+message after). Until then the
 head reads messages of at most 256 bytes, unpickles nothing, and gives the
 whole handshake HANDSHAKE_TIMEOUT_S: anything else that connects (a port scan,
 an HTTP request, a slow peer, a wrong token) is dropped with one line on the

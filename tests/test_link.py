@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from diagnose.core.link import HANDSHAKE_BYTES, Codec, HandshakeError, Limits, Link
+from diagnose.core.link import HANDSHAKE_BYTES, Codec, HandshakeError, Limits, Link, json_codec
 
 KEY = b"the-shared-secret"
 JSON = Codec(lambda body: json.dumps(body).encode(), json.loads)
@@ -111,3 +111,55 @@ def test_an_authenticated_message_over_the_limit_is_refused():
     a.send({"big": "x" * 2000})
     with pytest.raises(OSError, match="over the 1024 allowed"):
         b.recv()
+
+
+def test_a_message_altered_replayed_or_sent_back_fails_its_tag():
+    a, b, _, sock_a = both_ends()
+    a.settle(), b.settle()
+    sent_before = len(sock_a.sent)
+    a.send({"n": 1})
+    frame = bytes(sock_a.sent[sent_before:])
+    assert b.recv() == {"n": 1}
+    sock_a.sock.sendall(frame)                                   # the same message again
+    with pytest.raises(ConnectionError, match="fails its authentication"):
+        b.recv()
+    a2, b2, _, sock_a2 = both_ends()
+    a2.settle(), b2.settle()
+    altered = bytearray(frame)
+    altered[6] ^= 1
+    sock_a2.sock.sendall(bytes(altered))
+    with pytest.raises(ConnectionError):
+        b2.recv()
+    a3, b3, _, sock_a3 = both_ends()
+    a3.settle(), b3.settle()
+    start = len(sock_a3.sent)
+    a3.send({"n": 1})
+    b3.sock.sendall(bytes(sock_a3.sent[start:]))                # reflected to its sender
+    with pytest.raises(ConnectionError):
+        a3.recv()
+
+
+def test_the_listener_proves_nothing_to_a_peer_with_the_wrong_key():
+    sock_a, sock_b = socket.socketpair()
+    a, b = Link(Recording(sock_a), JSON, QUICK), Link(Recording(sock_b), JSON, QUICK)
+    thread = threading.Thread(target=lambda: pytest.raises(
+        HandshakeError, a.authenticate, b"another-secret", False))
+    thread.start()
+    with pytest.raises(HandshakeError):
+        b.authenticate(KEY, challenge_first=True)
+    thread.join()
+    hello = 4 + len(b"hangscope-link-1 ") + 32
+    assert bytes(b.sock.sent[hello:]) == (7).to_bytes(4, "big") + b"refused"
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested"),
+    (b'{"a": ' * 65 + b"1" + b"}" * 65, "nested over 64"),
+    (b'{"t": Infinity}', "no finite number"),
+    (b'{"t": NaN}', "no finite number"),
+    (b'{"t": 1e999}', "no finite number"),
+])
+def test_json_messages_are_bounded_in_depth_and_finite(raw, message):
+    with pytest.raises(ValueError, match=message):
+        json_codec().decode(raw)
+    assert json_codec().decode(b'{"t": [1.5, {"u": null}]}') == {"t": [1.5, {"u": None}]}

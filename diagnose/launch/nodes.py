@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from diagnose.core.link import Codec, HandshakeError, Limits, Link
+from diagnose.core.link import Codec, HandshakeError, Limits, Link, json_codec
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, read_version, stamped
@@ -66,14 +66,17 @@ def node_file(run_dir: str, node_rank: int) -> str:
     return os.path.join(run_dir, f"node-{node_rank}.json")
 
 
+_JSON = json_codec(default=str)
+
+
 def _decode(data: bytes) -> dict:
-    body = json.loads(data)
+    body = _JSON.decode(data)
     if not isinstance(body, dict):
         raise ValueError("a message that is not a JSON object")
     return body
 
 
-JSON = Codec(lambda body: json.dumps(body, default=str).encode(), _decode)
+JSON = Codec(_JSON.encode, _decode)
 
 
 # -- the head ------------------------------------------------------------------
