@@ -223,7 +223,8 @@ def test_a_group_whose_dumps_list_other_ranks_is_one_group_per_set(tmp_path):
     run = read_fr_dir(str(tmp_path))
     assert [state.collectives[0].group for state in run.snapshot.ranks.values()] == [
         "solo[0]", "solo[1]"]
-    assert run.snapshot.ranks[0].identity.groups["solo[1]"] == [1]
+    assert run.snapshot.ranks[1].identity.groups["solo[1]"] == [1]
+    assert "solo[1]" not in run.snapshot.ranks[0].identity.groups   # each rank, its own groups
 
 
 def test_coalesced_calls_keep_their_place_and_a_batch_end_is_no_call(tmp_path):

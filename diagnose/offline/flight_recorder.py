@@ -186,15 +186,17 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
         _settle_gloo_states(records, members, set(unreadable))
     taken_at = max([dump.newest for dump in dumps.values() if dump.newest is not None],
                    default=0.0)
-    in_groups = {member for ranks in members.values() for member in ranks}
+    own = _groups_of_each_rank(members)
+    in_groups = set(own)
     highest = max(in_groups, default=-1)
-    ranks = {rank: _rank_state(rank, records[rank], max(highest, rank) + 1, members, taken_at)
+    ranks = {rank: _rank_state(rank, records[rank], max(highest, rank) + 1, own.get(rank, {}),
+                               taken_at)
              for rank in records}
     missing = sorted(in_groups - set(ranks) - set(unreadable))
     if missing:
         notes.append(f"{rank_list(missing)}: in a process group but no dump; kept without records")
     for rank in missing:
-        ranks[rank] = _rank_state(rank, [], highest + 1, members, taken_at)
+        ranks[rank] = _rank_state(rank, [], highest + 1, own[rank], taken_at)
     snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
                         unreadable=unreadable)
     return FlightRecorderRun(snapshot, notes, group_names(dumps, groups))
@@ -316,11 +318,21 @@ def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
                 record.state = "enqueued"
 
 
+def _groups_of_each_rank(members: dict[str, list[int]]) -> dict[int, dict[str, list[int]]]:
+    """rank -> the groups it is a member of (label -> members; the lists shared), so
+    that a rank's identity holds its own groups, not every group of the job."""
+    own: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    for label, ranks in members.items():
+        for rank in ranks:
+            own[rank][label] = ranks
+    return own
+
+
 def _rank_state(rank: int, records: list[CollectiveRecord], world_size: int,
-                members: dict[str, list[int]], taken_at: float) -> RankState:
+                groups: dict[str, list[int]], taken_at: float) -> RankState:
     identity = Identity(role=Role.PROCESS, rank=rank, world_size=world_size, tp_rank=None,
                         tp_size=None, pp_rank=None, pp_size=None, host="", pid=0, device="",
-                        groups=members)
+                        groups=groups)
     pending = [record for record in records if record.state != "completed"]
     return RankState(
         identity=identity, started_at=min((r.t_enqueue for r in records), default=taken_at),
