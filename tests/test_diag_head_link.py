@@ -4,6 +4,7 @@ and few threads, is closed with one line on its stderr, and a real agent
 still joins afterwards."""
 import os
 import pickle
+import re
 import shlex
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from test_generic import REPO, free_port, left_behind
 
 TOKEN = "diag-test-token-7a1"
 REFUSED = "diag: the head refused a node link from 127.0.0.1:"
+MORE = re.compile(r" \(and \d+ more refused in the last \d+ s\)$")   # the refusals left out
 
 
 class Head:
@@ -59,7 +61,7 @@ class Head:
         deadline = time.monotonic() + 10
         while len(self.refusals()) < before + count and time.monotonic() < deadline:
             time.sleep(0.05)
-        return [line.split(": ", 2)[2] for line in self.refusals()[before:]]
+        return [MORE.sub("", line.split(": ", 2)[2]) for line in self.refusals()[before:]]
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=10)
@@ -83,6 +85,7 @@ def test_announcing_200_mb_three_times_costs_the_head_no_memory(head):
     rss_before = head.process.memory_info().rss
     before = len(head.refusals())
     for _ in range(3):
+        time.sleep(1.1)                   # refusals are one line a second at most
         with head.connect() as sock:
             try:
                 sock.sendall((200 << 20).to_bytes(4, "big") + b"x" * (64 << 10))
@@ -115,6 +118,7 @@ def test_300_idle_connections_cost_the_head_a_few_threads_for_a_few_seconds(head
 
 
 def test_a_peer_sending_one_byte_every_3_s_is_dropped_at_the_handshake_deadline(head):
+    time.sleep(1.1)
     before = len(head.refusals())
     with head.connect() as sock:
         closed_after = until_closed(sock, drip=(32).to_bytes(4, "big") + b"x" * 32)
@@ -128,6 +132,7 @@ def test_the_token_in_clear_or_a_pickle_gets_nowhere(head, tmp_path):
     payload = pickle.dumps(_Touch(str(marker)))
     before = len(head.refusals())
     for message in (old_hello, payload):
+        time.sleep(1.1)                   # refusals are one line a second at most
         with head.connect() as sock:
             sock.sendall(len(message).to_bytes(4, "big") + message)
             assert until_closed(sock) < 2
@@ -136,10 +141,37 @@ def test_the_token_in_clear_or_a_pickle_gets_nowhere(head, tmp_path):
 
 
 def test_an_agent_with_the_wrong_token_is_refused_in_one_line(head):
+    time.sleep(1.1)
     before = len(head.refusals())
     with pytest.raises(NodeError, match="node 1: the head refused the token"):
         NodeAgent(f"127.0.0.1:{head.port}", b"not-the-token", 1).publish({}, None, 0)
     assert head.new_refusals(before, 1) == ["wrong DIAG_NODE_TOKEN"]
+
+
+def test_under_300_connections_kept_open_an_agent_joins_within_5_s_and_refusals_are_one_line_a_second(
+        head):
+    lines_before, started = len(head.stderr().splitlines()), time.monotonic()
+    socks = []
+    for _ in range(300):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", head.port), timeout=2))
+        except OSError:
+            pass
+    try:
+        joining = time.monotonic()
+        agent = NodeAgent(f"127.0.0.1:{head.port}", TOKEN.encode(), 1)
+        reply = agent.publish({}, None, 0)
+        joined_after = time.monotonic() - joining
+        assert reply is not None, agent.note
+        assert joined_after < 5.0
+        agent.close()
+        time.sleep(HANDSHAKE_S + 1)          # the idle ones reach their deadline meanwhile
+    finally:
+        for sock in socks:
+            sock.close()
+    lines = head.stderr().splitlines()[lines_before:]
+    refusals = [line for line in lines if line.startswith(REFUSED)]
+    assert refusals and len(refusals) <= time.monotonic() - started + 1
 
 
 def test_a_real_agent_still_joins_after_the_attacks(head):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from diagnose.core.link import HANDSHAKE_BYTES, Codec, HandshakeError, Limits, Link, json_codec
+from diagnose.core.link import HANDSHAKE_BYTES, Codec, Gate, HandshakeError, Limits, Link, json_codec
 
 KEY = b"the-shared-secret"
 JSON = Codec(lambda body: json.dumps(body).encode(), json.loads)
@@ -163,3 +163,24 @@ def test_json_messages_are_bounded_in_depth_and_finite(raw, message):
     with pytest.raises(ValueError, match=message):
         json_codec().decode(raw)
     assert json_codec().decode(b'{"t": [1.5, {"u": null}]}') == {"t": [1.5, {"u": None}]}
+
+
+def test_the_gate_evicts_a_hosts_oldest_handshake_and_writes_a_refusal_a_second():
+    lines = []
+    gate = Gate(lines.append, per_source=2, total=3, interval=0.5)
+    pairs = [socket.socketpair() for _ in range(4)]
+    links = [Link(a, JSON, QUICK) for a, _ in pairs]
+    assert gate.admit(links[0], ("10.0.0.1", 1)) and gate.admit(links[1], ("10.0.0.1", 2))
+    assert gate.admit(links[2], ("10.0.0.1", 3))          # the host's oldest is ended
+    assert pairs[0][1].recv(1) == b""
+    assert not gate.admit(links[3], ("10.0.0.2", 4))      # three under way in all
+    gate.release(links[0], ("10.0.0.1", 1))
+    assert gate.admit(links[3], ("10.0.0.2", 4))
+    for n in range(5):
+        gate.refuse(f"refused {n}")
+    time.sleep(0.6)
+    gate.refuse("refused 5")
+    assert lines[0] == "refused 0" and len(lines) == 2
+    assert lines[1].startswith("refused 5 (and 4 more refused in the last ")
+    for a, b in pairs:
+        a.close(), b.close()

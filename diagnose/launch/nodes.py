@@ -15,8 +15,10 @@ its ranks by a state that is no longer news.
 
 Messages are JSON over diagnose/core/link.py's authenticated link. The head
 keeps at most MAX_PENDING connections in their handshake (a few bytes each,
-HANDSHAKE_S at most) and one per node after it; anything else that connects is
-closed with one line on the head's stderr.
+HANDSHAKE_S at most), each on a thread of its own, and one per node after it;
+a host with more than link.Gate's per-source cap in handshakes loses its oldest,
+so idle connections cannot lock a real agent out. Anything else that connects
+is closed, and refusals reach the head's stderr as at most one line a second.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from diagnose.core.link import Codec, HandshakeError, Limits, Link, json_codec
+from diagnose.core.link import Codec, Gate, HandshakeError, Limits, Link, json_codec
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, read_version, stamped
@@ -39,7 +41,7 @@ LOST_AFTER_S = 3.0          # an agent silent this long is lost
 JOIN_GRACE_S = 30.0         # an expected node that never reported is lost after this
 HANDSHAKE_S = 5.0
 MESSAGE_S = 10.0            # an agent reports every poll: silent this long, it is dropped
-MAX_PENDING = 8             # connections in their handshake at once
+MAX_PENDING = 64            # connections in their handshake at once, from every host
 LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=MESSAGE_S, max_bytes=256 << 20)
 
 
@@ -104,11 +106,11 @@ class NodeHub:
         self.key, self.run_dir = key, run_dir
         self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
         self.links: dict[int, Link] = {}  # node rank -> its agent's authenticated link
-        self.pending = 0                  # connections in their handshake
         self.verdicts: list[dict] = []   # the head's latest, sent back to every agent
         self.dump_wanted = 0
         self.stop_code: int | None = None  # agents end their commands with this code
         self.lock = threading.Lock()
+        self.gate = Gate(_write_line, total=MAX_PENDING)
         self.server = _listen(self.address)
         for report in self.reports.values():
             self._save(report)
@@ -120,23 +122,18 @@ class NodeHub:
                 conn, peer = self.server.accept()
             except OSError:            # closed
                 return
-            with self.lock:
-                admitted = self.pending < MAX_PENDING
-                if admitted:
-                    self.pending += 1
-            if admitted:
-                threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            link = Link(conn, JSON, LIMITS)
+            if self.gate.admit(link, peer):
+                threading.Thread(target=self._serve, args=(link, peer), daemon=True).start()
             else:
-                conn.close()
-                _refuse(peer, f"{MAX_PENDING} connections are in their handshake already")
+                link.close()
+                self._refuse(peer, f"{MAX_PENDING} connections are in their handshake already")
 
-    def _serve(self, conn: socket.socket, peer: tuple) -> None:
-        link = Link(conn, JSON, LIMITS)
+    def _serve(self, link: Link, peer: tuple) -> None:
         try:
             report = self._welcome(link, peer)
         finally:
-            with self.lock:
-                self.pending -= 1
+            self.gate.release(link, peer)
         if report is None:
             return
         try:
@@ -147,6 +144,9 @@ class NodeHub:
         finally:
             link.close()
             self._left(report, link)
+
+    def _refuse(self, peer: tuple, reason: str) -> None:
+        self.gate.refuse(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}")
 
     def _welcome(self, link: Link, peer: tuple) -> NodeReport | None:
         """The node's report once its agent proved the token and named a node this
@@ -163,11 +163,11 @@ class NodeHub:
             link.send({"ok": True})
             link.settle()
         except HandshakeError as error:
-            _refuse(peer, f"wrong {TOKEN_VAR}" if error.wrong_key else str(error))
+            self._refuse(peer, f"wrong {TOKEN_VAR}" if error.wrong_key else str(error))
             return None
         except (OSError, EOFError, ValueError) as error:
             link.close()
-            _refuse(peer, str(error))
+            self._refuse(peer, str(error))
             return None
         with self.lock:
             replaced = self.links.get(node_rank)
@@ -262,10 +262,10 @@ class NodeHub:
             link.shutdown()
 
 
-def _refuse(peer: tuple, reason: str) -> None:
+def _write_line(line: str) -> None:
     """One write per line: links are refused on threads of their own, and print's two
     writes (the text, then the newline) from two of them ran lines together."""
-    sys.stderr.write(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}\n")
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
