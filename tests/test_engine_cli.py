@@ -99,7 +99,9 @@ def test_every_flag_we_share_with_vllm_is_one_of_its_serve_flags():
     _, commands = _parser()
     serve = {flag for action in commands["serve"]._actions for flag in action.option_strings}
     assert len(vllm_serve_flags()) > 400
-    assert serve - vllm_serve_flags() == {"--device", "--max-concurrent-batches", "--node-timeout"}
+    # ours alone: the server's limits on what one client may send (#27), and three more
+    assert serve - vllm_serve_flags() == {"--device", "--max-concurrent-batches", "--node-timeout",
+                                          "--max-prompt-chars", "--idle-timeout"}
 
 
 def test_every_argument_has_help():
