@@ -6,10 +6,10 @@ progress since. A rank without such a sample is judged by its position alone.
 """
 from __future__ import annotations
 
-from diagnose.analysis.position import last_progress, open_step, tp_peers
+from diagnose.analysis.position import innermost, last_progress, open_step, tp_peers
 from diagnose.analysis.view import Node, View
 from diagnose.core.snapshot import RankState
-from diagnose.core.vocab import Activity
+from diagnose.core.vocab import STARTUP_PHASES, Activity
 
 # The states in which a rank waits on its peers (or on device work they share).
 WAITING = frozenset({Activity.COLLECTIVE, Activity.GPU_WAIT})
@@ -75,6 +75,28 @@ def absent_ranks(view: View) -> set[int]:
     sizes = [state.identity.world_size for state in view.ranks.values()
              if state.identity.world_size]
     return set(range(max(sizes, default=0))) - set(view.ranks) - set(view.unreadable)
+
+
+def own_work(state: RankState) -> bool:
+    """Seen doing something of its own, not blocked on a peer: sleeping, compiling,
+    or using CPU outside a wait (a busy sample that read no stack counts too)."""
+    found = activity(state)
+    if found in (Activity.SLEEPING, Activity.COMPILING):
+        return True
+    return sampled(state) and state.activity.busy and found not in WAITING
+
+
+def waits_for_absent(view: View, state: RankState) -> bool:
+    """Ranks of its world have not shown up yet, and this rank is seen waiting in
+    a collective, or still starts up without being seen at work of its own: at
+    init_distributed's rendezvous it waits on them whatever else its sample says
+    (a Python-only dump reads gloo's C++ wait as running; a failed one, nothing)."""
+    if not absent_ranks(view):
+        return False
+    if waits_on_peers(state):
+        return True
+    phase = innermost(state)
+    return (phase is None or phase.name in STARTUP_PHASES) and not own_work(state)
 
 
 def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:

@@ -6,7 +6,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import asdict
 
-from diagnose.analysis.doing import absent_ranks, sample_wait, states_evidence, waits_on_peers
+from diagnose.analysis.doing import sample_wait, states_evidence, waits_for_absent
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
 from diagnose.analysis.outside import stack_text
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
@@ -56,8 +56,8 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     stall = seen_until(view, node) - _stalled_since(view, node, victims)
     if stall < limits.limit(limit_phase(view, node)) + sample_wait(view, node):
         return None
-    if node != DRIVER and waits_on_peers(state) and absent_ranks(view):
-        return None                      # seen waiting in a collective, on a rank not up yet
+    if node != DRIVER and waits_for_absent(view, state):
+        return None                      # it waits on a rank not up yet
     kind, reached, missed_step = _root_kind(view, node)
     group, seq = _waited_collective(view, node, victims)
     if kind == VerdictKind.STUCK_IN_PHASE and not (state.phases or state.open_phases) and group is not None:
