@@ -321,3 +321,36 @@ def test_a_rank_seen_at_work_of_its_own_at_start_up_is_named_though_a_peer_is_ab
         assert verdicts == []
     else:
         assert summary(verdicts) == [(VerdictKind.STUCK_IN_PHASE, [1], [])]
+
+
+def failed_busy_sample(job: Job, rank: int, at: float) -> None:
+    """py-spy could not read the rank (vllm24: "py-spy dump of pid N failed: 10:
+    main" on a rank compiling in a loop), yet it used CPU since the last sample."""
+    job.ranks[rank].activity = ActivitySample(
+        activity=Activity.UNKNOWN, taken_at=at, pid=job.ranks[rank].identity.pid,
+        note="py-spy dump of pid 1001 failed: 10: main", busy=True)
+
+
+@pytest.mark.parametrize("peer", ["collective", "python-only", "failed", "unsampled"])
+def test_a_busy_rank_whose_sample_failed_is_no_second_culprit(peer):
+    """vllm24's tp=2 pp=2 run: rank 1 compiled inside its step, py-spy failed on it,
+    positions decided and named [0] and [1], two verdicts for one cause."""
+    job, t = both_inside_step(stall_s=30.0)
+    failed_busy_sample(job, 1, job.now - 1.0)
+    if peer == "collective":
+        sample(job, 0, Activity.COLLECTIVE, IN_ALL_REDUCE, job.now - 1.0)
+    elif peer == "python-only":
+        sample(job, 0, Activity.RUNNING, IN_ALL_REDUCE[:2] + ["torch/_ops.py:800 __call__"],
+               job.now - 1.0)
+    elif peer == "failed":
+        job.ranks[0].activity = ActivitySample(
+            activity=Activity.UNKNOWN, taken_at=job.now - 1.0, pid=job.ranks[0].identity.pid,
+            note="py-spy dump of pid 1000 failed: 10: main")
+    live = job.snapshot()
+    live.sampling = True
+    verdicts = analyze(live)
+    assert verdicts == []                  # it used CPU a second ago: progress
+    job.now += 60.0                        # no sample since: its stall counts again
+    later = job.snapshot()
+    later.sampling = True
+    assert [v.culprit_ranks for v in analyze(later)] == [[1]]

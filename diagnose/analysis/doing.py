@@ -38,9 +38,16 @@ def waits_on_peers(state: RankState) -> bool:
 
 
 def not_waiting(state: RankState) -> bool:
-    """Known to do something of its own: run, sleep, compile, or wait for work."""
+    """Known to do something of its own: run, sleep, compile, or wait for work, or
+    use CPU where its stack could not be read."""
     found = activity(state)
-    return found is not None and found not in WAITING
+    return (found is not None and found not in WAITING) or busy_unread(state)
+
+
+def busy_unread(state: RankState) -> bool:
+    """Its last sample read no stack (py-spy failed on a rank busy compiling), yet
+    the rank used CPU: at work of its own, since a wait in a collective blocks."""
+    return sampled(state) and state.activity.busy and activity(state) is None
 
 
 def compiling_s(state: RankState, now: float) -> float | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from diagnose.analysis.doing import not_waiting, waits_on_peers
+from diagnose.analysis.doing import busy_unread, not_waiting, own_work, waits_on_peers
 from diagnose.analysis.outside import stack_waits
 from diagnose.analysis.position import (entered_step, innermost, milestone, open_step,
                                         tp_peers)
@@ -69,13 +69,17 @@ def _same_step_waits(view: View, state: RankState, step: int, peers: list[int]) 
     """Peers that began the rank's step too, yet leave it waiting: one that left the
     step by an exception, and, where the rank is seen waiting in a collective (or
     on its GPU), one seen inside the step doing something else (running, sleeping,
-    compiling). Where what they do is not known, positions alone decide."""
+    compiling). A rank not seen at work of its own waits on a peer in the step whose
+    stack could not be read while it used CPU (a compile py-spy failed on): one
+    cause, one culprit. Where what they do is not known, positions alone decide."""
     same = [peer for peer in peers if entered_step(view.ranks[peer]) == step]
     raised = {peer for peer in same if left_by_error(view.ranks[peer], step)}
-    if not waits_on_peers(state):
-        return raised
-    return raised | {peer for peer in same if open_step(view.ranks[peer]) == step
-                     and not_waiting(view.ranks[peer])}
+    inside = [peer for peer in same if open_step(view.ranks[peer]) == step]
+    if waits_on_peers(state):
+        return raised | {peer for peer in inside if not_waiting(view.ranks[peer])}
+    if not own_work(state):
+        return raised | {peer for peer in inside if busy_unread(view.ranks[peer])}
+    return raised
 
 
 def left_by_error(state: RankState, step: int) -> bool:

@@ -17,20 +17,23 @@ def last_progress(state: RankState) -> float:
     """A phase boundary or a collective event; in a start-up phase also a move of
     the main thread's frame, or a state sample that found the process computing
     (compiling, loading weights or a profile run's long kernels run long and
-    never block, which a hang does)."""
+    never block, which a hang does); in any phase, a sample that read no stack
+    but found the process using CPU (py-spy failed on a compiling rank: a
+    compile and a spin look alike there, and a wrong verdict is the worse error)."""
     times = [state.started_at]
     for event in state.phases + state.open_phases:
         times.append(event.start if event.end is None else event.end)
     for record in state.collectives:
         times.append(record.t_enqueue if record.t_complete is None else record.t_complete)
     phase = innermost(state)
-    if phase is not None and phase.name in STARTUP_PHASES:
-        if state.frame_moved_at is not None:
-            times.append(state.frame_moved_at)
-        sample = state.activity
-        if (sample is not None and sample.busy and sample.pid == state.identity.pid
-                and sample.activity == Activity.RUNNING):
-            times.append(sample.taken_at)
+    starting = phase is not None and phase.name in STARTUP_PHASES
+    if starting and state.frame_moved_at is not None:
+        times.append(state.frame_moved_at)
+    sample = state.activity
+    if sample is not None and sample.busy and sample.pid == state.identity.pid and (
+            sample.activity == Activity.UNKNOWN   # no stack read: a compile, as like as a spin
+            or starting and sample.activity == Activity.RUNNING):
+        times.append(sample.taken_at)
     return max(times)
 
 
