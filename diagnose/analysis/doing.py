@@ -95,7 +95,7 @@ def own_work(state: RankState) -> bool:
 
 def waits_for_absent(view: View, state: RankState) -> bool:
     """Ranks of its world have not shown up yet, and this rank is seen waiting in
-    a collective, or still starts up without being seen at work of its own: at
+    a collective, or is in a start-up phase without being seen at work of its own: at
     init_distributed's rendezvous it waits on them whatever else its sample says
     (a Python-only dump reads gloo's C++ wait as running; a failed one, nothing)."""
     if not absent_ranks(view):
@@ -103,7 +103,7 @@ def waits_for_absent(view: View, state: RankState) -> bool:
     if waits_on_peers(state):
         return True
     phase = innermost(state)
-    return (phase is None or phase.name in STARTUP_PHASES) and not own_work(state)
+    return phase is not None and phase.name in STARTUP_PHASES and not own_work(state)
 
 
 def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:
