@@ -354,3 +354,20 @@ def test_a_busy_rank_whose_sample_failed_is_no_second_culprit(peer):
     later = job.snapshot()
     later.sampling = True
     assert [v.culprit_ranks for v in analyze(later)] == [[1]]
+
+
+def test_a_busy_rank_whose_sample_failed_waits_for_its_next_sample_before_it_is_named():
+    """diag launch samples a busy rank again 2 s on, and a failed dump may take
+    10 s: a stall a few seconds past the floor is the gap between samples."""
+    job, t = both_inside_step(stall_s=30.0)
+    failed_busy_sample(job, 1, job.now - 6.0)
+    sample(job, 0, Activity.COLLECTIVE, IN_ALL_REDUCE, job.now - 1.0)
+    live = job.snapshot()
+    live.sampling = True
+    assert analyze(live) == []
+    job.now += 20.0
+    later = job.snapshot()
+    later.sampling = True
+    [verdict] = analyze(later)
+    assert summary([verdict]) == [(VerdictKind.STUCK_IN_PHASE, [1], [0])]
+    assert verdict.evidence["states"]["1"].startswith("busy, its stack unreadable (py-spy")

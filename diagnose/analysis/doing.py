@@ -14,6 +14,7 @@ from diagnose.core.vocab import STARTUP_PHASES, Activity
 # The states in which a rank waits on its peers (or on device work they share).
 WAITING = frozenset({Activity.COLLECTIVE, Activity.GPU_WAIT})
 SAMPLE_WAIT_S = 10.0   # how long a tie that samples can break waits for them
+BUSY_WAIT_S = 15.0     # diag launch samples a busy rank again after 2 s; a dump may take 10 s
 
 
 def activity(state: RankState) -> Activity | None:
@@ -63,9 +64,15 @@ def sample_wait(view: View, node: Node) -> float:
     launch samples states: a worker inside step N with nothing pending, beside a
     TP peer in the same place, is a tie that only what they are doing breaks
     (who waits in the collective, who does not); until both have a sample to
-    trust, naming either is a guess. Without sampling, positions decide at once."""
+    trust, naming either is a guess. A rank last found busy with no stack read
+    (progress, see last_progress) waits for the next sample to say whether it
+    still is. Without sampling, positions decide at once."""
     state = view.ranks.get(node) if isinstance(node, int) else None
-    if not view.snapshot.sampling or state is None or node in view.pending:
+    if not view.snapshot.sampling or state is None:
+        return 0.0
+    if busy_unread(state):
+        return BUSY_WAIT_S
+    if node in view.pending:
         return 0.0
     step = open_step(state)
     tied = [peer for peer in tp_peers(view, node) if peer not in view.pending
@@ -121,6 +128,8 @@ def states_evidence(view: View, ranks: list[int]) -> dict[str, str]:
             found[str(rank)] = f"{now} at {sample.frame}" if sample.frame else str(now)
         elif sample is None:
             found[str(rank)] = "not sampled: positions only"
+        elif busy_unread(state):
+            found[str(rank)] = f"busy, its stack unreadable ({sample.note})"
         elif sample.note and not sample.frames:
             found[str(rank)] = f"unreadable ({sample.note}): positions only"
         else:
