@@ -109,6 +109,7 @@ class NodeHub:
         self.verdicts: list[dict] = []   # the head's latest, sent back to every agent
         self.dump_wanted = 0
         self.stop_code: int | None = None  # agents end their commands with this code
+        self.closing = False             # the head ends the links itself: not a node's drop
         self.lock = threading.Lock()
         self.gate = Gate(_write_line, total=MAX_PENDING)
         self.server = _listen(self.address)
@@ -199,7 +200,8 @@ class NodeHub:
             if self.links.get(report.node_rank) is not link:
                 return
             del self.links[report.node_rank]
-        self._update(report, connected=False, dropped=not report.finished)
+            closing = self.closing
+        self._update(report, connected=False, dropped=not (report.finished or closing))
 
     def _update(self, report: NodeReport, **changes) -> None:
         with self.lock:
@@ -257,6 +259,7 @@ class NodeHub:
     def close(self) -> None:
         self.server.close()
         with self.lock:
+            self.closing = True
             links = list(self.links.values())
         for link in links:
             link.shutdown()
@@ -327,11 +330,13 @@ def _known_until(snapshot: Snapshot) -> float:
 
 
 def _reference_time(snapshot: Snapshot) -> float:
-    """Now, while the head's own ranks still beat; else when they last did (post mortem)."""
+    """Now, while the head's own ranks still beat; else when they last did (post mortem);
+    never past the head's stop, as of which a stopped job is judged."""
     beats = [state.heartbeat_at for state in snapshot.ranks.values()]
     if snapshot.driver:
         beats.append(snapshot.driver.heartbeat_at)
-    return min(snapshot.taken_at, max(beats)) if beats else snapshot.taken_at
+    reference = min(snapshot.taken_at, max(beats)) if beats else snapshot.taken_at
+    return min(reference, snapshot.stop.at) if snapshot.stop is not None else reference
 
 
 def _is_lost(report: NodeReport, reference: float) -> bool:
