@@ -49,6 +49,9 @@ def spawn(tmp_path, run_dir):
         child.communicate()
 
 
+STARTUP_S = 180.0   # a deadline, not a wait: wait_for returns once the condition holds
+
+
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     """Polls until predicate() is truthy and returns its value."""
     deadline = time.monotonic() + timeout
@@ -104,8 +107,10 @@ def test_phases_and_collectives_of_two_gloo_ranks_are_visible_while_they_run(
     store = tmp_path / "store"
     for rank in (0, 1):
         spawn(TP_CHILD, str(rank), str(store))
+    # Two torch imports and a gloo rendezvous take most of a minute on a loaded machine.
     states = [wait_for(lambda r=rank: rank_in_phase(run_dir, r, "execute_model", 2),
-                       what=f"rank {rank} in execute_model step 2") for rank in (0, 1)]
+                       timeout=STARTUP_S, what=f"rank {rank} in execute_model step 2")
+              for rank in (0, 1)]
 
     for rank, state in enumerate(states):
         assert state.alive
