@@ -138,6 +138,19 @@ def test_a_rank_that_raised_and_died_is_named_with_its_exception():
     assert "it died" in verdicts[0].summary
 
 
+def test_a_process_that_died_after_the_first_exception_is_its_consequence():
+    """Our engine: rank 1 raises, the driver learns of it and exits at once, before
+    any peer has waited long: one verdict, the exception, not the driver's death."""
+    job, t = vllm_tp2(steps=3, now_after=1.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 0, 3, t, None)
+    caught_exception(job, t, 1, 3)
+    job.died(0, t + 0.3, -15)                                # ended by the driver's exit
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [(VerdictKind.RAISED, [1])]
+    assert "then rank 0 died" in verdicts[0].summary and 0 in verdicts[0].victim_ranks
+
+
 def test_an_error_in_dequeue_is_the_engine_ending_not_a_cause():
     job, t = vllm_tp2(steps=3, now_after=0.05)
     state = job.ranks[1]

@@ -97,7 +97,9 @@ def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     limits = StallLimits(snapshot, thresholds)
     graph = wait_for_graph(view)
     raised = raised_verdicts(view, graph, limits)
-    verdicts = raised + dead_verdicts(view, graph) + hang_verdicts(view, limits, raised)
+    # the job's first exception came before every other death: those are what it set off
+    deaths = [] if raised else dead_verdicts(view, graph)
+    verdicts = raised + deaths + hang_verdicts(view, limits, raised)
     return verdicts + straggler_verdicts(view, thresholds)
 
 

@@ -13,8 +13,9 @@ from diagnose.analysis.doing import states_evidence
 from diagnose.analysis.graph import reachers, waited_by
 from diagnose.analysis.position import last_progress, limit_phase, seen_until, where
 from diagnose.analysis.thresholds import StallLimits
-from diagnose.analysis.view import Node, View
+from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.analysis.wording import Words, rank_evidence, ranks_of, who
+from diagnose.core.layout import rank_list
 from diagnose.core.snapshot import RaisedError, Verdict
 from diagnose.core.vocab import Phase, VerdictKind
 
@@ -28,13 +29,16 @@ def raised_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimit
     rank, error = first
     victims = reachers(waited_by(graph), {rank})
     died = rank in view.deaths
+    fell = {node for node in view.deaths if node != rank}   # all after it (first_error)
     stalls = [seen_until(view, node) - max(last_progress(view.state(node)), error.at)
               for node in victims if _stalled(view, node, error, limits)]
-    if not died and not stalls:
+    if not died and not stalls and not fell:
         return []
     state = view.ranks[rank]
     after = ("; it died" if died else "; its process ended" if not state.alive
              else f"; it went on and is now {where(state).removeprefix('stuck ')}")
+    if fell:
+        after += f"; then {rank_list(ranks_of(fell), DRIVER in fell)} died"
     frame = f" at {error.frame}" if error.frame else ""
     step = f" step {error.step}" if error.step is not None else ""
     words = Words().culprit(who(view, rank)).add(
@@ -44,7 +48,8 @@ def raised_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimit
                          "step": error.step, "at": error.at}
     evidence["states"] = states_evidence(view, [rank] + ranks_of(victims))
     detected = max(stalls, default=max(0.0, view.now - error.at))
-    return [Verdict(kind=VerdictKind.RAISED, culprit_ranks=[rank], victim_ranks=ranks_of(victims),
+    return [Verdict(kind=VerdictKind.RAISED, culprit_ranks=[rank],
+                    victim_ranks=ranks_of(victims | fell),
                     summary=words.text, spans=words.spans, phase=error.phase, step=error.step,
                     detected_after_s=round(detected, 3), evidence=evidence)]
 
