@@ -1,13 +1,13 @@
 """diag attach on real vLLM (0.32, its CPU build) started without diag: tp=2 pp=2,
-compiled as vLLM serves by default, serving one request after another, with
-rank 2 asleep inside its CALL-th Worker.execute_model, put there by the tests'
-vLLM plugin (tests/vllm_env/faultplugin, HS_TEST_FAULT): its peers wait for it
-in the step's collectives. (A healthy job under load is tests/test_attach.py's
-torchrun case: the plugin fires by call count, and a tiny model's steps here
-run from 5 to 50 a second, so no count leaves a safe healthy window.)"""
+compiled as vLLM serves by default, serving one request after another. First,
+healthy under that load: no hang. Then rank 2 falls asleep inside a
+Worker.execute_model, put there by the tests' vLLM plugin (tests/vllm_env/faultplugin,
+HS_TEST_FAULT) at the first call after the test creates a file: its peers wait
+for it in the step's collectives, and attach names it alone."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -26,9 +26,7 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[1]
-CALL = 3
-FAULT = f"rank=2,call={CALL},kind=sleep"
-FIRED = f"hs_test_faults: rank 2 call {CALL}: sleep"
+FIRED = re.compile(r"hs_test_faults: rank 2 call (\d+): sleep$", re.M)
 VERDICT_WITHIN_S = 15.0
 READY_S = 900.0       # a cold compile of tp=2 pp=2 took over 420 s on 2 cores under load
 
@@ -62,25 +60,34 @@ def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]
     return done, time.monotonic() - start
 
 
-def test_vllm_tp2_pp2_rank_asleep_inside_execute_model(tmp_path_factory, tmp_path):
+def test_vllm_tp2_pp2_healthy_then_rank_asleep_inside_execute_model(tmp_path_factory, tmp_path):
     checkpoint = make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
     port = free_port()
+    go = tmp_path / "go"
     server = Server.start(serve_command(checkpoint, port, 2, 2), port,
                           tmp_path_factory.mktemp("vllm-cache"), 4, tmp_path / "vllm.log",
-                          tidy_shm=True, env={"HS_TEST_FAULT": FAULT})
+                          tidy_shm=True, env={"HS_TEST_FAULT": f"rank=2,call=1,kind=sleep,after={go}"})
     pids: set[int] = set()
     stop = threading.Event()
     try:
         server.wait_ready(READY_S)
         server.keep_busy(stop, [])
+        time.sleep(2.0)                     # requests in flight
+        healthy, took = attach(server.process.pid, tmp_path / "attach-healthy")
+        print(f"\ndiag attach, vLLM tp2 pp2 healthy under load: {took:.1f} s")
+        assert healthy.returncode == 0, healthy.stderr
+        calm = json.loads(healthy.stdout)
+        assert calm["verdicts"] == [] and calm["attach"]["moving"], calm["attach"]   # progressing
+        go.touch()
         deadline = time.monotonic() + 300
-        while FIRED not in server.log.read_text(errors="replace"):
+        while not FIRED.search(server.log.read_text(errors="replace")):
             assert time.monotonic() < deadline, server.tail()
             time.sleep(0.5)
+        call = FIRED.search(server.log.read_text(errors="replace")).group(1)
         time.sleep(2.0)                     # its peers go on into the step and wait there
         pids = tree(server.process.pid)
         done, took = attach(server.process.pid, tmp_path / "attach")
-        print(f"\ndiag attach time to verdict: vLLM tp2 pp2, rank 2 asleep: {took:.1f} s")
+        print(f"diag attach time to verdict: vLLM tp2 pp2, rank 2 asleep: {took:.1f} s")
         assert done.returncode == 1, done.stderr
         body = json.loads(done.stdout)
         assert [v["culprit_ranks"] for v in body["verdicts"]] == [[2]], body["verdicts"]
@@ -88,7 +95,7 @@ def test_vllm_tp2_pp2_rank_asleep_inside_execute_model(tmp_path_factory, tmp_pat
         assert took < VERDICT_WITHIN_S
         # untouched: every process still runs, rank 2 still asleep in the plugin
         assert all(running(pid) for pid in pids)
-        assert f"rank 2 call {CALL}: sleep done" not in server.log.read_text(errors="replace")
+        assert f"rank 2 call {call}: sleep done" not in server.log.read_text(errors="replace")
     finally:
         stop.set()
         end(server, pids)

@@ -49,6 +49,18 @@ def test_it_raises_on_its_rank_at_its_call_and_nowhere_else(monkeypatch):
     assert [execute(Worker(0), step) for step in (1, 2, 3)] == ["ran 1", "ran 2", "ran 3"]
 
 
+def test_with_after_it_fires_once_at_the_first_call_that_finds_the_file(monkeypatch, tmp_path):
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    go = tmp_path / "go"
+    execute = hs_test_faults._with_faults(
+        Worker.execute_model, parse(f"rank=1,call=2,kind=raise,after={go}"))
+    assert [execute(Worker(1), step) for step in (1, 2, 3)] == ["ran 1", "ran 2", "ran 3"]
+    go.touch()
+    with pytest.raises(RuntimeError, match="rank 1 raised at call 2"):   # the spec's call
+        execute(Worker(1), 4)
+    assert [execute(Worker(1), step) for step in (5, 6)] == ["ran 5", "ran 6"]
+
+
 def test_it_is_inert_without_its_variable(monkeypatch):
     monkeypatch.delenv(hs_test_faults.VAR, raising=False)
     hs_test_faults.register()   # no vLLM here: it must return before importing it

@@ -1,10 +1,11 @@
 """Faults inside a real vLLM worker's step, for hangscope's tests: a vLLM general
 plugin, inert unless HS_TEST_FAULT is set.
 
-    HS_TEST_FAULT="rank=1,call=3,kind=sleep[;rank=2,call=3,kind=assert...]"
+    HS_TEST_FAULT="rank=1,call=3,kind=sleep[,after=PATH][;rank=2,call=3,kind=assert...]"
 
 On the worker of global rank `rank`, at its `call`-th Worker.execute_model (1 is
-the first), before vLLM's own execute_model runs:
+the first; with `after`, the first call from the `call`-th on at which the file
+PATH exists, so that a test picks the moment), before vLLM's own execute_model runs:
 
     sleep    block for `seconds` (default 3600), as a rank stuck inside a step
     raise    raise RuntimeError, which vLLM's worker loop catches and returns
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 VAR = "HS_TEST_FAULT"
 KINDS = ("sleep", "raise", "compile", "assert")
 _calls = 0
+_fired: set = set()
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Fault:
     call: int
     kind: str
     seconds: float | None = None
+    after: str | None = None
 
 
 def parse(text: str) -> list[Fault]:
@@ -48,7 +51,8 @@ def parse(text: str) -> list[Fault]:
         if fields.get("kind") not in KINDS or not {"rank", "call"} <= fields.keys():
             raise ValueError(f"{VAR}: {spec!r} needs rank=R,call=N,kind={'|'.join(KINDS)}")
         faults.append(Fault(int(fields["rank"]), int(fields["call"]), fields["kind"],
-                            float(fields["seconds"]) if "seconds" in fields else None))
+                            float(fields["seconds"]) if "seconds" in fields else None,
+                            fields.get("after")))
     return faults
 
 
@@ -71,15 +75,22 @@ def _with_faults(original, faults: list[Fault]):
         global _calls
         _calls += 1
         for fault in faults:
-            if fault.rank == self.rank and fault.call == _calls:
+            if fault.rank == self.rank and _due(fault):
+                _fired.add(fault)
                 _fire(fault)
         return original(self, *args, **kwargs)
     execute_model.hs_test_faults = True
     return execute_model
 
 
+def _due(fault: Fault) -> bool:
+    if fault.after is None:
+        return fault.call == _calls
+    return fault not in _fired and _calls >= fault.call and os.path.exists(fault.after)
+
+
 def _fire(fault: Fault) -> None:
-    print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind}",
+    print(f"hs_test_faults: rank {fault.rank} call {_calls}: {fault.kind}",
           file=sys.stderr, flush=True)
     if fault.kind == "sleep":
         time.sleep(3600.0 if fault.seconds is None else fault.seconds)
@@ -92,7 +103,7 @@ def _fire(fault: Fault) -> None:
         _compile_something_new()
         while time.monotonic() < end:
             _compile_something_new()
-    print(f"hs_test_faults: rank {fault.rank} call {fault.call}: {fault.kind} done",
+    print(f"hs_test_faults: rank {fault.rank} call {_calls}: {fault.kind} done",
           file=sys.stderr, flush=True)
 
 
