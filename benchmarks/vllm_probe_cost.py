@@ -1,5 +1,5 @@
 """What diag costs real vLLM: vLLM's own benchmark client against `vllm serve`
-(its CPU build, .venv-vllm from ./setup.sh --vllm) with and without `diag
+(its CPU build, .venv-vllm from ./setup.sh --tests) with and without `diag
 launch` around it, side by side in one run.
 
     python benchmarks/vllm_probe_cost.py [-tp 2] [--rounds 2] [--num-prompts 64]
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", default="benchmarks/results/vllm_probe_cost_cpu.json")
     args = parser.parse_args()
     if not VLLM.exists():
-        sys.exit("vllm_probe_cost.py: real vLLM is not installed here: run ./setup.sh --vllm")
+        sys.exit("vllm_probe_cost.py: real vLLM is not installed here: run ./setup.sh --tests")
     work = Path(tempfile.mkdtemp(prefix="vllm-cost-"))
     checkpoint, cache = make_checkpoint(work / "tiny-llama"), work / "cache"
     rounds = []

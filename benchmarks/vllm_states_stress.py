@@ -1,5 +1,5 @@
 """A compile inside a step is progress, not a hang: repeated on real vLLM (its
-CPU build, .venv-vllm from ./setup.sh --vllm), each run with a fresh compile
+CPU build, .venv-vllm from ./setup.sh --tests), each run with a fresh compile
 cache (so vLLM's own start-up compile is cold too) and fresh requests.
 
     python benchmarks/vllm_states_stress.py [--repeats 3] \
@@ -128,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     if not plugin_installed():
         sys.exit("vllm_states_stress.py: real vLLM or the tests' fault plugin is not installed "
-                 "here: run ./setup.sh --vllm")
+                 "here: run ./setup.sh --tests")
     work = Path(tempfile.mkdtemp(prefix="vllm-states-"))
     checkpoint = make_checkpoint(work / "tiny-llama")
     outcomes = []

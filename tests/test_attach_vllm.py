@@ -22,7 +22,7 @@ from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "
-                                 "run ./setup.sh --vllm (CI does)"),
+                                 "run ./setup.sh --tests (CI does)"),
               pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[1]

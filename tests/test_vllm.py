@@ -19,7 +19,7 @@ from collecting import collect
 from vllm_serving import PROMPT, VLLM, Server, free_port, make_checkpoint, serve_command
 
 pytestmark = [pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed "
-                                 "here: run ./setup.sh --vllm (CI does)"),
+                                 "here: run ./setup.sh --tests (CI does)"),
               pytest.mark.timeout(900)]
 DETECT_S = 5.0
 MARK = "vllm.model_executor.models.llama:LlamaModel.forward=forward"

@@ -23,7 +23,7 @@ from vllm_serving import make_checkpoint
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not plugin_installed(), reason="real vLLM or the tests' "
-                                 "fault plugin is not installed: run ./setup.sh --vllm"),
+                                 "fault plugin is not installed: run ./setup.sh --tests"),
               pytest.mark.timeout(1800)]
 DETECT_S = 10.0           # loose: CI shares two cores with vLLM's compile workers
 COMPILE_S = 300.0

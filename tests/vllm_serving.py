@@ -1,4 +1,4 @@
-"""Real vLLM (its CPU build, in .venv-vllm: ./setup.sh --vllm) serving a tiny
+"""Real vLLM (its CPU build, in .venv-vllm: ./setup.sh --tests) serving a tiny
 Llama, with or without `diag launch` around it, for the tests and benchmarks.
 
 Every server gets a private TMPDIR; the compile caches are shared by the
