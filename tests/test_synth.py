@@ -40,6 +40,23 @@ def test_the_collector_and_analysis_name_the_planted_culprit(tmp_path, kind):
     assert "the driver wait" in verdict.summary
 
 
+@pytest.mark.parametrize("kind", synth.KINDS)
+def test_a_deep_pipeline_happens_before_the_snapshot_and_has_one_culprit(kind):
+    """1,024 stages: every phase and call of the job began before the snapshot
+    was taken (stage k begins a step a few ops after stage k-1, so with ops of a
+    fixed length the last stages of the hung step began after it, and each was
+    named never_reached)."""
+    job = synth.hung_job(2048, 2, 1501, kind, steps=2)
+    snapshot = job.snapshot()
+    times = [time for state in snapshot.ranks.values()
+             for time in [event.start for event in state.phases]
+             + [event.end for event in state.phases if event.end is not None]
+             + [record.t_enqueue for record in state.collectives]]
+    assert max(times) < snapshot.taken_at - synth.HANG_S / 2
+    verdicts = analyze(snapshot)
+    assert [(verdict.kind, verdict.culprit_ranks) for verdict in verdicts] == [(kind, [1501])]
+
+
 def test_full_rings_hold_the_probes_capacity(tmp_path):
     job = synth.hung_job(RANKS, TP, CULPRIT, "stuck_in_phase", steps=30)
     synth.write_run_dir(job.snapshot(), str(tmp_path))

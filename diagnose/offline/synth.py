@@ -41,6 +41,9 @@ OP_S = 0.01        # one traced op, when nothing waits
 SHAPE = [4, 64]
 KINDS = (VerdictKind.NEVER_REACHED, VerdictKind.STUCK_IN_PHASE, VerdictKind.COLLECTIVE_MISSING_PEERS)
 HANG_S = 30.0      # how long before the snapshot the culprit stopped
+PIPE_S = 2.0       # the longest pass of a step through the stages: deeper pipelines get
+                   # shorter ops, so that the hung step (stage k begins 4 ops after
+                   # stage k-1) ends before the snapshot whatever the depth
 FR_DIR = "fr"      # where `diag synth --fr-dumps` puts the dumps, inside OUT
 
 
@@ -49,8 +52,9 @@ class SynthError(ValueError):
 
 
 class Job:
-    def __init__(self, tp: int = 2, pp: int = 4, now: float = 1000.0, layers: int = 1):
-        self.tp, self.pp, self.now = tp, pp, now
+    def __init__(self, tp: int = 2, pp: int = 4, now: float = 1000.0, layers: int = 1,
+                 op_s: float = OP_S):
+        self.tp, self.pp, self.now, self.op_s = tp, pp, now, op_s
         self.allreduces = 2 * layers          # per forward: after attention and after the MLP
         self.layout = Layout(tp, pp)
         every = list(range(tp * pp))          # one list, shared by every rank's identity
@@ -128,7 +132,8 @@ class Job:
         self.phase(state, Phase.DEQUEUE, start, end, max(done) + 1 if done else 0)
 
     def step(self, rank: int, step: int, start: float, stop: str | None = None,
-             recv_wait: float = 0.0, work_s: float = OP_S, allreduce_wait: float = 0.0) -> float:
+             recv_wait: float = 0.0, work_s: float | None = None,
+             allreduce_wait: float = 0.0) -> float:
         """One execute_model of a worker, starting with its dequeue. `stop` leaves it
         blocked: "pp_recv", "in_forward" (inside forward, before its first
         all_reduce), "forward" (in the first all_reduce), "forward_second" (in the
@@ -137,20 +142,20 @@ class Job:
         Returns the time the step ended (or stopped)."""
         state = self.ranks[rank]
         pp_rank, tp_rank = divmod(rank, self.tp)
-        self.dequeue(rank, start, start + OP_S)
+        self.dequeue(rank, start, start + self.op_s)
         state.ring_read += 1
-        t = start + OP_S
+        t = start + self.op_s
         outer = self.phase(state, Phase.EXECUTE_MODEL, t, None, step)
-        t += work_s
+        t += self.op_s if work_s is None else work_s
         if pp_rank > 0:
             prev = rank - self.tp
             if stop == "pp_recv":
                 self.phase(state, "pp_recv", t)
                 self.record(rank, "pp", "recv", t, None, peer=prev)
                 return t
-            self.phase(state, "pp_recv", t, t + OP_S + recv_wait)
-            self.record(rank, "pp", "recv", t, t + OP_S + recv_wait, peer=prev)
-            t += OP_S + recv_wait
+            self.phase(state, "pp_recv", t, t + self.op_s + recv_wait)
+            self.record(rank, "pp", "recv", t, t + self.op_s + recv_wait, peer=prev)
+            t += self.op_s + recv_wait
         if stop == "forward_entry":
             return t
         forward = self.phase(state, "forward", t, None)
@@ -164,8 +169,8 @@ class Job:
             if stop == "skip_allreduce" and index == 0:
                 continue
             wait = allreduce_wait if index == 0 else 0.0
-            self.record(rank, f"tp{pp_rank}", "all_reduce", t, t + OP_S + wait)
-            t += OP_S + wait
+            self.record(rank, f"tp{pp_rank}", "all_reduce", t, t + self.op_s + wait)
+            t += self.op_s + wait
         self._close(state, forward, t)
         if stop == "pp_send_entry":
             return t
@@ -175,12 +180,12 @@ class Job:
                 self.phase(state, "pp_send", t)
                 self.record(rank, "pp", "send", t, None, peer=nxt)
                 return t
-            self.phase(state, "pp_send", t, t + OP_S)
-            self.record(rank, "pp", "send", t, t + OP_S, peer=nxt)
-            t += OP_S
+            self.phase(state, "pp_send", t, t + self.op_s)
+            self.record(rank, "pp", "send", t, t + self.op_s, peer=nxt)
+            t += self.op_s
         else:
-            self.phase(state, "sample", t, t + OP_S)
-            t += OP_S
+            self.phase(state, "sample", t, t + self.op_s)
+            t += self.op_s
         self._close(state, outer, t)
         return t
 
@@ -191,14 +196,14 @@ class Job:
     def driver_step(self, step: int, start: float, end: float | None) -> None:
         """schedule, then execute_model (open until the result came back)."""
         self.driver.ring_written += 1
-        self.phase(self.driver, "schedule", start, start + OP_S)
-        self.phase(self.driver, Phase.EXECUTE_MODEL, start + OP_S, end, step)
+        self.phase(self.driver, "schedule", start, start + self.op_s)
+        self.phase(self.driver, Phase.EXECUTE_MODEL, start + self.op_s, end, step)
         if end is not None:
-            self.phase(self.driver, "update_from_output", end, end + OP_S)
+            self.phase(self.driver, "update_from_output", end, end + self.op_s)
 
     def stage_start(self, rank: int, t: float) -> float:
         """When the rank's stage begins a step the driver sent at t."""
-        return t + OP_S + (rank // self.tp) * 4 * OP_S
+        return t + self.op_s + (rank // self.tp) * 4 * self.op_s
 
     def healthy(self, steps: int, start: float, step_s: float = 0.1) -> float:
         """`steps` steps of the whole job, one after another; returns when they end."""
@@ -207,7 +212,7 @@ class Job:
             self.driver_step(step, t, t + step_s)
             for rank in self.ranks:
                 self.step(rank, step, self.stage_start(rank, t))
-            t += step_s + 2 * OP_S
+            t += step_s + 2 * self.op_s
         return t
 
     def everyone_started(self, start: float = 10.0, seconds: float = 1.0) -> float:
@@ -268,10 +273,10 @@ def hung_job(ranks: int, tp: int, culprit: int, kind: str, steps: int = 20, laye
     if kind == VerdictKind.NEVER_REACHED:
         steps = 0
     now = time.time() if now is None else now
-    job = Job(tp, pp, now=now, layers=layers)
-    step_s = OP_S * (job.allreduces + 8) + job.stage_start(ranks - 1, 0.0)  # the last stage's too
+    job = Job(tp, pp, now=now, layers=layers, op_s=min(OP_S, PIPE_S / (4 * pp)))
+    step_s = job.op_s * (job.allreduces + 8) + job.stage_start(ranks - 1, 0.0)  # the last stage's too
     # A second, the start-up phases (a second each), the steps, then the hang.
-    started_at = now - hang_s - steps * (step_s + 2 * OP_S) - len(STARTUP_PHASES) - 1.0
+    started_at = now - hang_s - steps * (step_s + 2 * job.op_s) - len(STARTUP_PHASES) - 1.0
     for state in list(job.ranks.values()) + [job.driver]:
         state.started_at = started_at
     t_hang = job.healthy(steps, job.everyone_started(started_at + 1.0), step_s)
@@ -296,7 +301,7 @@ def hung_job(ranks: int, tp: int, culprit: int, kind: str, steps: int = 20, laye
 
 def _stop_culprit(job: Job, rank: int, step: int, start: float, kind: str) -> None:
     if kind == VerdictKind.NEVER_REACHED:
-        job.dequeue(rank, start, start + OP_S)
+        job.dequeue(rank, start, start + job.op_s)
         job.ranks[rank].ring_read += 1
         job.ranks[rank].frame = "engine/worker.py:131 execute_model"
     elif kind == VerdictKind.STUCK_IN_PHASE:
