@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from synthetic import OP_S, Job  # noqa: E402  (tests/synthetic.py plays the probe)
 
 from diagnose.analysis import analyze  # noqa: E402
-from diagnose.core.snapshot import Snapshot  # noqa: E402
+from diagnose.core.snapshot import Judged, Snapshot  # noqa: E402
 from tui.app import DiagApp  # noqa: E402
 from tui.grid_model import build_grid  # noqa: E402
 
@@ -61,11 +61,8 @@ class StillSource:
     def __init__(self, snapshot: Snapshot, verdicts) -> None:
         self.fixed, self.fixed_verdicts = snapshot, verdicts
 
-    def snapshot(self) -> Snapshot:
-        return self.fixed
-
-    def verdicts(self, snapshot: Snapshot):
-        return self.fixed_verdicts
+    def judged(self) -> Judged:
+        return Judged(self.fixed, tuple(self.fixed_verdicts))
 
 
 async def time_refreshes(snapshot: Snapshot, verdicts, refreshes: int) -> list[float]:

@@ -16,7 +16,7 @@ import pytest
 from textual.widgets import Static
 
 from diagnose.analysis import analyze
-from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.snapshot import Judged, Snapshot, Verdict
 from synthetic import OP_S, Job
 from diagnose.launch.rundir import open_run as open_run_dir
 from tui.app import POLL_INTERVAL_S, DiagApp
@@ -96,8 +96,9 @@ class SyntheticSource:
     def command(self) -> list[str] | None:
         return self.launched
 
-    def verdicts(self, snapshot: Snapshot) -> list[Verdict]:
-        return analyze(snapshot)
+    def judged(self) -> Judged:
+        snapshot = self.snapshot()
+        return Judged(snapshot, tuple(analyze(snapshot)))
 
 
 class RecordingController:

@@ -17,7 +17,7 @@ from textual.worker import Worker, WorkerState
 
 from diagnose.core.output import addresses
 from diagnose.core.shown import shown
-from diagnose.core.snapshot import Snapshot, Verdict
+from diagnose.core.snapshot import Judged, Snapshot, Verdict
 from tui.grid_model import build_grid, default_selection
 from tui.help_screen import HELP_KEYS, HelpScreen
 from tui.log_files import LogTail, read_log_tail, read_output_tail
@@ -36,8 +36,7 @@ QUIT_HELP = "quit; while diag launch runs the job, first asks: stop it, or leave
 class Source(Protocol):
     """What the TUI shows and the two things it may ask of the ranks
     (diagnose.launch.rundir has the run dir's and the launcher's)."""
-    def snapshot(self) -> Snapshot: ...
-    def verdicts(self, snapshot: Snapshot) -> list[Verdict]: ...
+    def judged(self) -> Judged: ...     # a snapshot and its verdicts, as one
     def request_dump(self) -> list[str]: ...
     def py_spy(self, pid: int, native: bool): ...
     def command(self) -> list[str] | None: ...
@@ -131,9 +130,8 @@ class DiagApp(App):
 
     @work(thread=True, group="poll", exit_on_error=False)
     def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
-        snapshot = self.source.snapshot()
-        verdicts = self.source.verdicts(snapshot)
-        snapshot = as_shown(snapshot)
+        judged = self.source.judged()
+        snapshot, verdicts = as_shown(judged.snapshot), list(judged.verdicts)
         log = read_log_tail(snapshot.run_dir, rank) if rank is not None else None
         return snapshot, verdicts, log, read_output_tail(snapshot.run_dir)
 

@@ -247,6 +247,14 @@ class Verdict:
         return cls(**(data | {"kind": VerdictKind(data["kind"]), "spans": spans}))
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One poll's snapshot and the verdicts on it, published as one: a reader
+    never pairs a snapshot with the verdicts of another poll."""
+    snapshot: Snapshot
+    verdicts: tuple[Verdict, ...] = ()
+
+
 def ranks_from_dicts(ranks: dict) -> dict[int, RankState]:
     """RankStates from their dataclasses.asdict() form (a node's published snapshot),
     every field checked; ValueError on anything malformed."""

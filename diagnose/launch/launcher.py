@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import psutil
@@ -33,7 +33,7 @@ from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_INTERRUPTED, EX
 from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.shown import shown
-from diagnose.core.snapshot import Crash, Snapshot, Stop, Verdict
+from diagnose.core.snapshot import Crash, Judged, Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS, VerdictKind
 from diagnose.launch import claim, first_failure, flight
 from diagnose.launch.collector import Collector, request_dump
@@ -123,7 +123,8 @@ class Launcher:
             raise LaunchError(f"--on-hang: {error}") from None
         self.monitor = _monitor(opts.metrics) if opts.metrics else None
         self.lock_fd = claim.claim(opts.run_dir)
-        self.role = role_of(opts.listen, opts.head, opts.run_dir, opts.nnodes, opts.node_rank)
+        self.role = role_of(opts.thresholds, opts.listen, opts.head, opts.run_dir, opts.nnodes,
+                            opts.node_rank)
         self.collector = Collector(opts.run_dir)
         self.states = StateSampler(opts.run_dir)   # what still ranks are doing (py-spy)
         self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
@@ -133,8 +134,7 @@ class Launcher:
         self.reported: set[tuple] = set()     # the hangs dumped and reported
         self.said: set[tuple] = set()         # the verdicts said in the output
         self.echo_verdicts = False            # and on the terminal (no view shows them)
-        self.snapshot: Snapshot | None = None
-        self.verdicts: list[Verdict] = []
+        self.judged: Judged | None = None     # the last poll's snapshot and verdicts, as one
         self.crash: Crash | None = None      # the first failure, once the job ended after it
         self.notes: list[str] = []          # the report's notes, once it is written
         self.shm = SharedMemoryTracker()    # what the job holds in /dev/shm, to clean up after
@@ -209,13 +209,15 @@ class Launcher:
         snapshot.command_exit = self.proc.poll()
         if snapshot.command_exit is None:
             snapshot = self.states.seen(snapshot)
-        self.snapshot = snapshot
         for line in self.waiting.lines(snapshot, _phase_names(snapshot)):
             self.output.say(line)
         if time.monotonic() >= self.next_shm_sample:
             self.shm.sample([process.pid for process in self._job()])
             self.next_shm_sample = time.monotonic() + SHM_SAMPLE_S
-        self.role.after_poll(self)
+        found = self.role.judge(snapshot)
+        self.judged = Judged(snapshot, tuple(found.verdicts))
+        if found.stop is not None:
+            self.request_stop(found.stop, by="head")
         self._say_new_verdicts()
         if self.monitor is not None:
             self.monitor.publish(snapshot, self.verdicts, verdict_key, time.monotonic() - began)
@@ -260,11 +262,28 @@ class Launcher:
         finally:
             self.states.close()
             self.stop()
-            self.role.leave(self, STOP_GRACE_S, EXIT_INTERRUPTED)
+            self._leave()
             self.guardian.release()
             self._finish_hooks()
             if self.monitor is not None:
                 self.monitor.close()
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.judged.snapshot if self.judged else None
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return list(self.judged.verdicts) if self.judged else []
+
+    def _leave(self) -> None:
+        """The role's last word, on the last snapshot with the command's exit code."""
+        last = None
+        if self.judged is not None:
+            last = replace(self.judged.snapshot, command_exit=self.proc.returncode)
+        found = self.role.leave(last, STOP_GRACE_S, EXIT_INTERRUPTED)
+        if found is not None:
+            self.judged = Judged(last, tuple(found.verdicts))
 
     def _on_hangs(self) -> Outcome | None:
         """Dumps and reports new hangs; the outcome once they end the run."""

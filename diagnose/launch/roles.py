@@ -1,26 +1,36 @@
 """What a launcher does beyond running its command, by its place in the job:
-alone, the head of a multi-node job, or an agent reporting to the head."""
+alone, the head of a multi-node job, or an agent reporting to the head. A role
+is handed each poll's snapshot and returns what it found; the launcher applies it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from diagnose.analysis import analyze
-from diagnose.core.snapshot import Verdict
+from diagnose.analysis.thresholds import Thresholds
+from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.launch import flight, nodes
 from diagnose.launch.collector import request_dump
 
-if TYPE_CHECKING:
-    from diagnose.launch.launcher import Launcher
-
 NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks' dump
+
+
+@dataclass(frozen=True)
+class Found:
+    """A role's answer to one poll: the verdicts on the snapshot, and the exit
+    code the head asked this launcher to stop with, if it did."""
+    verdicts: list[Verdict] = field(default_factory=list)
+    stop: int | None = None
 
 
 class Solo:
     """The only launcher of the job: it judges its own ranks."""
     judges = True
 
-    def after_poll(self, launcher: Launcher) -> None:
-        launcher.verdicts = analyze(launcher.snapshot, launcher.thresholds)
+    def __init__(self, thresholds: Thresholds):
+        self.thresholds = thresholds
+
+    def judge(self, snapshot: Snapshot) -> Found:
+        return Found(analyze(snapshot, self.thresholds))
 
     def dump_other_nodes(self) -> list[str]:
         return []
@@ -28,20 +38,23 @@ class Solo:
     def end(self, exit_code: int, stopped: bool) -> None:
         pass
 
-    def leave(self, launcher: Launcher, stop_grace_s: float, stopped_code: int) -> None:
-        pass
+    def leave(self, snapshot: Snapshot | None, stop_grace_s: float,
+              stopped_code: int) -> Found | None:
+        return None
 
 
 class Head(Solo):
     """Node 0 of a multi-node job: it judges every node's ranks and tells the
     agents its verdicts, when to dump and when to stop."""
 
-    def __init__(self, listen: str, run_dir: str, nnodes: int):
+    def __init__(self, thresholds: Thresholds, listen: str, run_dir: str, nnodes: int):
+        super().__init__(thresholds)
         self.hub = nodes.NodeHub(listen, nodes.token_from_env(), run_dir, nnodes)
 
-    def after_poll(self, launcher: Launcher) -> None:
-        super().after_poll(launcher)
-        self.hub.share_verdicts(launcher.verdicts)
+    def judge(self, snapshot: Snapshot) -> Found:
+        found = super().judge(snapshot)
+        self.hub.share_verdicts(found.verdicts)
+        return found
 
     def dump_other_nodes(self) -> list[str]:
         return self.hub.request_dump(wait_s=NODE_DUMP_WAIT_S)
@@ -50,38 +63,41 @@ class Head(Solo):
         if stopped:            # the other nodes' ranks end with this run
             self.hub.stop_agents(exit_code, wait_s=0)
 
-    def leave(self, launcher: Launcher, stop_grace_s: float, stopped_code: int) -> None:
+    def leave(self, snapshot: Snapshot | None, stop_grace_s: float,
+              stopped_code: int) -> Found | None:
         # A headless engine node ends once its head is gone; else it is told to.
         if not self.hub.wait_for_agents(stop_grace_s):
             self.hub.stop_agents(stopped_code, wait_s=stop_grace_s)
         self.hub.close()
+        return None
 
 
 class Agent:
     """Another node: it sends its ranks to the head after every poll, shows the
-    head's verdicts, and carries out the head's dump and stop requests."""
+    head's verdicts, and carries out the head's dump requests; the head's stop
+    goes back to the launcher."""
     judges = False
 
-    def __init__(self, head: str, node_rank: int):
+    def __init__(self, head: str, node_rank: int, run_dir: str):
         self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank)
+        self.run_dir = run_dir
         self.dumps_done = 0                 # the head's dump requests carried out
+        self.verdicts: list[Verdict] = []   # the head's latest
 
-    def after_poll(self, launcher: Launcher, finished: bool = False) -> None:
-        snapshot = launcher.snapshot
+    def judge(self, snapshot: Snapshot, finished: bool = False) -> Found:
         reply = self.link.publish(snapshot.ranks, snapshot.command_exit, self.dumps_done,
                                   finished)
         if reply is None:
-            return
+            return Found(self.verdicts)
         try:
-            launcher.verdicts = [Verdict.from_dict(verdict) for verdict in reply.verdicts]
+            self.verdicts = [Verdict.from_dict(verdict) for verdict in reply.verdicts]
         except (TypeError, ValueError, KeyError):
-            launcher.verdicts = []
+            self.verdicts = []
         if reply.dump > self.dumps_done:      # the next report carries the stacks
-            flight.ask_nccl_ranks(launcher.opts.run_dir)   # dumps stay in this node's run dir
-            request_dump(launcher.opts.run_dir)
+            flight.ask_nccl_ranks(self.run_dir)   # dumps stay in this node's run dir
+            request_dump(self.run_dir)
             self.dumps_done = reply.dump
-        if reply.stop is not None and not finished:
-            launcher.request_stop(reply.stop, by="head")
+        return Found(self.verdicts, None if finished else reply.stop)
 
     def dump_other_nodes(self) -> list[str]:
         return []
@@ -89,17 +105,19 @@ class Agent:
     def end(self, exit_code: int, stopped: bool) -> None:
         pass
 
-    def leave(self, launcher: Launcher, stop_grace_s: float, stopped_code: int) -> None:
-        if launcher.snapshot is not None:
-            launcher.snapshot.command_exit = launcher.proc.returncode
-            self.after_poll(launcher, finished=True)
+    def leave(self, snapshot: Snapshot | None, stop_grace_s: float,
+              stopped_code: int) -> Found | None:
+        found = None
+        if snapshot is not None:
+            found = self.judge(snapshot, finished=True)
         self.link.close()
+        return found
 
 
-def role_of(listen: str | None, head: str | None, run_dir: str, nnodes: int,
-            node_rank: int) -> Solo | Head | Agent:
+def role_of(thresholds: Thresholds, listen: str | None, head: str | None, run_dir: str,
+            nnodes: int, node_rank: int) -> Solo | Head | Agent:
     if listen:
-        return Head(listen, run_dir, nnodes)
+        return Head(thresholds, listen, run_dir, nnodes)
     if head:
-        return Agent(head, node_rank)
-    return Solo()
+        return Agent(head, node_rank, run_dir)
+    return Solo(thresholds)

@@ -16,7 +16,7 @@ from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, read_version
-from diagnose.core.snapshot import Snapshot, Verdict, snapshot_from_dict
+from diagnose.core.snapshot import Judged, Snapshot, Verdict, snapshot_from_dict
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
 from diagnose.offline.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
@@ -48,6 +48,11 @@ class Source:
     def unreadable(self) -> list[str]:
         """The probe files the last snapshot could not read, each with why."""
         return []
+
+    def judged(self) -> Judged:
+        """What the TUI shows: a snapshot and its verdicts, as one."""
+        snapshot = self.snapshot()
+        return Judged(snapshot, tuple(self.verdicts(snapshot)))
 
     def request_dump(self) -> list[str]:
         """Every live rank writes its stacks; one note per rank that did not."""
@@ -213,11 +218,10 @@ class LauncherSource(Source):
     def notes(self) -> list[str]:
         return self.launcher.collector.notes
 
-    def snapshot(self) -> Snapshot:
-        return self.launcher.snapshot or Snapshot(time.time(), self.run_dir, {})
+    def judged(self) -> Judged:
+        """The launcher's last poll, published whole: never a snapshot of one poll
+        with the verdicts of another."""
+        return self.launcher.judged or Judged(Snapshot(time.time(), self.run_dir, {}))
 
     def command(self) -> list[str] | None:
         return self.launcher.opts.command
-
-    def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
-        return self.launcher.verdicts
