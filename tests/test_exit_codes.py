@@ -20,6 +20,7 @@ import pytest
 
 from diagnose import cli
 from diagnose.launch import demo
+from diagnose.launch.live import run_with_live_view
 
 pytestmark = pytest.mark.e2e
 
@@ -237,7 +238,7 @@ def demo_missed(tmp_path, monkeypatch, capsys):
         def command(self) -> list[str]:
             return [sys.executable, "-c", "pass"]
     monkeypatch.setattr(demo, "DEMO", NoRanks("tiny-llama", 2, 4))
-    assert demo.run_demo(str(tmp_path / "demo"), use_tui=False) == 1
+    assert demo.run_demo(str(tmp_path / "demo"), run_with_live_view, tui=False) == 1
 
 
 CHECKS = {("launch", "0"): launch_healthy, ("launch", "1"): launch_hang_killed,

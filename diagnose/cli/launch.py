@@ -117,7 +117,8 @@ def _launch_options(parser) -> None:
 def launch_command(args) -> int:
     from diagnose.launch.claim import RunDirError
     from diagnose.launch.launcher import LaunchError, Launcher
-    from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
+    from diagnose.cli.launch_tui import run_with_tui
+    from diagnose.launch.live import print_outcome, run_with_live_view
     from diagnose.launch.nodes import NodeError
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

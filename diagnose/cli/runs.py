@@ -2,6 +2,7 @@
 stacks now), diag tui (watch it), diag demo (a run of its own to watch)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 
@@ -73,12 +74,16 @@ def add_demo(commands) -> None:
 
 
 def demo_command(args) -> int:
+    from diagnose.cli.launch_tui import run_with_tui
     from diagnose.launch.claim import RunDirError
     from diagnose.launch.demo import run_demo
+    from diagnose.launch.live import run_with_live_view
     if importlib.util.find_spec("torch") is None:
         raise UsageError("diag demo runs the engine, which needs torch: "
                          "pip install 'hangscope[engine]' (or ./setup.sh in a checkout)")
+    tui = not args.no_tui and sys.stdout.isatty()
+    watch = functools.partial(run_with_tui, stop_on_exit=True) if tui else run_with_live_view
     try:
-        return run_demo(args.run_dir, use_tui=not args.no_tui, real=args.real)
+        return run_demo(args.run_dir, watch, tui, real=args.real)
     except RunDirError as error:
         raise UsageError(str(error)) from None

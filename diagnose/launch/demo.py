@@ -9,11 +9,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from diagnose.cli.common import EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core.vocab import Phase, VerdictKind
-from diagnose.launch.launcher import Launcher, LaunchOptions
-from diagnose.launch.live import print_outcome, run_with_live_view, run_with_tui
+from diagnose.launch.launcher import Launcher, LaunchOptions, Outcome
+from diagnose.launch.live import print_outcome
 from diagnose.probe.faults import FaultSpec
 
 PROMPT = "The hang debugger names the culprit"
@@ -47,15 +48,17 @@ DEMO = DemoJob("tiny-llama", 2, 4)
 REAL_DEMO = DemoJob("smollm2-135m", 3, 2)   # TP divides 9 heads and 3 KV heads: 1 or 3
 
 
-def run_demo(run_dir: str | None, use_tui: bool, real: bool = False) -> int:
+def run_demo(run_dir: str | None, watch: Callable[[Launcher], Outcome], tui: bool,
+             real: bool = False) -> int:
+    """watch runs the launcher in front of a view: the TUI (tui set: the job waits,
+    hung, until the TUI is closed) or the plain live view (the hang ends it)."""
     job = REAL_DEMO if real else DEMO
     run_dir = run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
-    tui = use_tui and sys.stdout.isatty()
     opts = LaunchOptions(command=job.command(), run_dir=run_dir,
                          on_hang="report" if tui else "kill", faults=[job.fault])
     launcher = Launcher(opts)
     print(f"diag demo: {job}; injected fault {job.fault}; run dir {run_dir}", file=sys.stderr)
-    outcome = run_with_tui(launcher, stop_on_exit=True) if tui else run_with_live_view(launcher)
+    outcome = watch(launcher)
     print_outcome(launcher, outcome)
     found = any(v.kind == VerdictKind.NEVER_REACHED and v.culprit_ranks == [job.culprit]
                 for v in outcome.verdicts)

@@ -1,13 +1,11 @@
-"""The terminal side of `diag launch` and `diag demo`: the TUI, or a rich live
-view while the command runs (when stderr is a terminal) with the command's
-output above it, or the output and each verdict once as it appears; and the
-report at the end."""
+"""The terminal side of `diag launch` and `diag demo` without the TUI (which
+diagnose/cli composes with the launcher): a rich live view while the command
+runs (when stderr is a terminal) with the command's output above it, or the
+output and each verdict once as it appears; and the report at the end."""
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
-import threading
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -15,11 +13,9 @@ from rich.live import Live
 from rich.text import Text
 
 from diagnose.core.shown import shown
-from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.launcher import Launcher, Outcome
 from diagnose.launch.output import to_stderr
-from diagnose.launch.rundir import LauncherSource
 from diagnose.offline import report
 
 
@@ -51,7 +47,7 @@ def run_with_live_view(launcher: Launcher, console: Console | None = None) -> Ou
         launcher.output.echo = _above(live)
 
         def update(l: Launcher) -> None:
-            live.update(report.renderable(l.snapshot, l.verdicts))
+            live.update(report.renderable(l.judged.snapshot, list(l.judged.verdicts)))
         try:
             return launcher.run(on_update=update)
         finally:
@@ -116,74 +112,9 @@ def _print_unprobed_end(launcher: Launcher) -> None:
     else:
         print(f"diag: the command failed at start-up: it {ended} before any rank or driver "
               f"started ({where}); its last lines:", file=sys.stderr)
-        _print_lines(launcher.output.last_lines())
+        print_lines(launcher.output.last_lines())
 
 
-def _print_lines(lines: list[str]) -> None:
+def print_lines(lines: list[str]) -> None:
     for line in lines or ["(it printed nothing)"]:
         print(f"  | {shown(line)}", file=sys.stderr)
-
-
-def run_with_tui(launcher: Launcher, stop_on_exit: bool = False) -> Outcome:
-    """The launcher watches in a thread; the TUI shows what it last saw. Quitting
-    the TUI either stops the run or leaves it to finish under the plain view. The
-    job starts first, and a line says so while the TUI loads (a second or more)."""
-    launcher.output.echo = None
-    result: dict[str, Outcome | Exception] = {}
-
-    def watch() -> None:
-        try:
-            result["outcome"] = launcher.run()
-        except Exception as error:     # raised here once the TUI has closed
-            result["error"] = error
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    print(f"diag: running {shlex.join(launcher.opts.command)}; opening the TUI on "
-          f"{launcher.opts.run_dir}…", file=sys.stderr, flush=True)
-    from tui.app import DiagApp
-    app = DiagApp(LauncherSource(launcher), controller=TuiController(launcher))
-    with stopping_on_signals(launcher, then=app.exit):
-        app.run()
-        if stop_on_exit:
-            launcher.request_stop()
-        _print_after_tui(launcher)
-        launcher.output.echo = to_stderr    # what the command prints from now on
-        watcher.join()
-    if "error" in result:
-        raise result["error"]
-    return result["outcome"]
-
-
-def _print_after_tui(launcher: Launcher) -> None:
-    """What the TUI showed of the command's own output, now that the terminal is
-    the shell's again: its last lines, and where its server listens if it runs on."""
-    if launcher.proc is None:
-        return
-    running = launcher.proc.poll() is None
-    if not running and launcher.snapshot is not None and nothing_probed(launcher.snapshot):
-        return  # print_outcome says how it ended, with these lines
-    if launcher.output.last_lines():
-        print(f"diag: the command's last lines (all of its output: {launcher.output.path}):",
-              file=sys.stderr)
-        _print_lines(launcher.output.last_lines())
-    if launcher.output.servers and running and not launcher.stopping:
-        print(f"diag: the command runs on; its server: "
-              f"{shown(', '.join(launcher.output.servers))}",
-              file=sys.stderr)
-
-
-class TuiController:
-    """The TUI's keys b, r and q, carried out by the launcher's watch loop."""
-
-    def __init__(self, launcher: Launcher):
-        self.launcher = launcher
-
-    def toggle_launch_blocking(self, rank: int) -> bool:
-        return self.launcher.toggle_launch_blocking(rank)
-
-    def restart(self) -> None:
-        self.launcher.restart()
-
-    def stop(self) -> None:
-        self.launcher.request_stop()
