@@ -6,11 +6,11 @@ from collections import defaultdict
 from diagnose.analysis.graph import reachers, waited_by
 from diagnose.analysis.position import current_step, phase_name, position
 from diagnose.analysis.thresholds import StallLimits
-from diagnose.analysis.view import P2P_OPS, Node, View
+from diagnose.analysis.view import Node, View
 from diagnose.analysis.wording import (Words, at_frame, doing, rank_evidence, rank_list, ranks_of,
                                        verb, who)
 from diagnose.core.snapshot import CollectiveRecord, Verdict
-from diagnose.core.vocab import VerdictKind
+from diagnose.core.vocab import P2P_OPS, Op, VerdictKind, paired_op
 
 
 def skipped_collective_verdicts(view: View, graph: dict[Node, set[Node]],
@@ -68,13 +68,13 @@ def skipped_p2p_verdicts(view: View, graph: dict[Node, set[Node]], limits: Stall
         stall = view.now - record.t_enqueue
         if stall < limits.limit(phase_name(view.ranks[rank])):
             continue
-        peer, other = record.peer, "recv" if record.op == "send" else "send"
+        peer, other = record.peer, paired_op(record.op)
         if not _went_past_p2p(view, peer, other, rank, record):
             continue
         named.add(peer)
         state = view.ranks[peer]
         victims = reachers(waited_by(graph), {peer})
-        arrow = f"->{rank}" if other == "send" else f"<-{rank}"
+        arrow = f"->{rank}" if other == Op.SEND else f"<-{rank}"
         words = Words().culprit(who(view, peer)).add(
             f" never made its {record.group} {other}{arrow} #{record.seq} that rank {rank} "
             f"waits in for {stall:.0f} s: it went on to {doing(state)}{at_frame(state)}"

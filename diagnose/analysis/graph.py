@@ -7,9 +7,9 @@ from diagnose.analysis.doing import busy_unread, not_waiting, own_work, waits_on
 from diagnose.analysis.outside import stack_waits
 from diagnose.analysis.position import (entered_step, innermost, milestone, open_step,
                                         tp_peers)
-from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, gpu_behind, unfinished
+from diagnose.analysis.view import DRIVER, Node, View, gpu_behind, unfinished
 from diagnose.core.snapshot import CollectiveRecord, RankState
-from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role
+from diagnose.core.vocab import MILESTONES, P2P_OPS, STARTUP_PHASES, Phase, Role, paired_op
 
 DRIVER_WAITS = (Phase.EXECUTE_MODEL, Phase.SAMPLE)  # the driver waits on the output rank
 
@@ -100,7 +100,7 @@ def record_waits(view: View, rank: int, record: CollectiveRecord) -> set[Node]:
         peer = record.peer
         if peer not in view.ranks:
             return {peer} if peer in view.unreadable else set()
-        other_op = "recv" if record.op == "send" else "send"
+        other_op = paired_op(record.op)
         match = view.p2p.get((record.group, other_op, peer, rank, record.seq))
         matched = view.highest_seq.get((record.group, other_op, peer, rank), -1) >= record.seq
         if matched and (match is None or not unfinished(match)):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from diagnose.analysis.view import DRIVER, Node, View
+from diagnose.core.layout import tp_group_name
 from diagnose.core.snapshot import PhaseEvent, RankState
 from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Activity, Phase, Role
 
@@ -87,7 +88,7 @@ def entered_step(state: RankState) -> int:
 def tp_peers(view: View, rank: int) -> list[int]:
     """The other live ranks of the rank's TP group."""
     ident = view.ranks[rank].identity
-    group = view.groups.get(f"tp{ident.pp_rank}", []) if ident.pp_rank is not None else []
+    group = view.groups.get(tp_group_name(ident.pp_rank), []) if ident.pp_rank is not None else []
     return [peer for peer in group if peer != rank and peer in view.ranks
             and peer not in view.deaths]
 

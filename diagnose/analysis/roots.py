@@ -14,11 +14,11 @@ from diagnose.analysis.position import (current_step, device_progress, entered_s
                                         open_step, phase_name, ring_behind, seen_until, tp_peers,
                                         where)
 from diagnose.analysis.thresholds import StallLimits
-from diagnose.analysis.view import DRIVER, P2P_OPS, Node, View, driver_shutting_down, gpu_behind
+from diagnose.analysis.view import DRIVER, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
                                        ranks_of, step_text, who)
 from diagnose.core.snapshot import RankState, Verdict
-from diagnose.core.vocab import MILESTONES, STARTUP_PHASES, Phase, Role, VerdictKind
+from diagnose.core.vocab import MILESTONES, P2P_OPS, STARTUP_PHASES, Phase, Role, VerdictKind
 
 
 def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from diagnose.analysis.view import P2P_OPS, View
+from diagnose.analysis.view import View
 from diagnose.analysis.wording import Words, rank_list
+from diagnose.core.vocab import P2P_OPS
 
 MAX_SITES = 2          # differing sites a sentence names; evidence has them all
 

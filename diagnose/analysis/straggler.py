@@ -9,6 +9,7 @@ from diagnose.analysis.position import current_step, phase_name
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.analysis.view import View
 from diagnose.analysis.wording import Words, rank_list, who
+from diagnose.core.layout import tp_group_name
 from diagnose.core.snapshot import RankState, Verdict
 from diagnose.core.vocab import Phase, VerdictKind
 
@@ -85,6 +86,6 @@ def _own_step_times(state: RankState) -> dict[int, float]:
 def _step_peers(view: View, rank: int) -> list[int]:
     ident = view.ranks[rank].identity
     if ident.tp_size and ident.tp_size > 1 and ident.pp_rank is not None:
-        group = view.groups.get(f"tp{ident.pp_rank}", [])
+        group = view.groups.get(tp_group_name(ident.pp_rank), [])
         return [peer for peer in group if peer != rank]
     return [peer for peer in view.ranks if peer != rank]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from diagnose.core.layout import tp_group_name
 from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot
-from diagnose.core.vocab import Phase
+from diagnose.core.vocab import P2P_OPS, Phase
 
 DRIVER = "driver"                      # the driver's node in the wait-for graph
-P2P_OPS = ("send", "recv")
 
 Node = int | str                       # a worker rank, or DRIVER
 
@@ -147,8 +147,8 @@ def member_groups(snapshot: Snapshot, highest_seq: dict[tuple, int]) -> dict[str
                 groups[name].update(members)
     for rank, state in snapshot.ranks.items():
         ident = state.identity
-        if ident.pp_rank is not None and f"tp{ident.pp_rank}" not in state.identity.groups:
-            groups[f"tp{ident.pp_rank}"].add(rank)
+        if ident.pp_rank is not None and tp_group_name(ident.pp_rank) not in ident.groups:
+            groups[tp_group_name(ident.pp_rank)].add(rank)
     for key in highest_seq:
         if len(key) == 2:
             group, rank = key

@@ -32,9 +32,9 @@ class Layout:
         return [self.rank(pp_rank, t, pcp_rank) for t in range(self.tp_size)]
 
     def tp_group(self, rank: int) -> str:
-        """The name of the rank's TP group: 'tp{pp}', and '.{pcp}' after it under PCP."""
-        pp_rank = self.place(rank)[0]
-        return f"tp{pp_rank}" if self.pcp_size == 1 else f"tp{pp_rank}.{self.pcp_rank(rank)}"
+        """The name of the rank's TP group (tp_group_name)."""
+        return tp_group_name(self.place(rank)[0],
+                             self.pcp_rank(rank) if self.pcp_size > 1 else None)
 
     def groups(self) -> dict[str, list[int]]:
         groups = {self.tp_group(self.rank(p, 0, c)): self.tp_ranks(p, c)
@@ -60,6 +60,11 @@ class Layout:
         parts = [("DP", dp_rank, dp_size), ("PP", pp_rank, self.pp_size),
                  ("PCP", self.pcp_rank(rank), self.pcp_size), ("TP", tp_rank, self.tp_size)]
         return "Worker" + "".join(f"_{tag}{index}" for tag, index, size in parts if size > 1)
+
+
+def tp_group_name(pp_rank: int, pcp_rank: int | None = None) -> str:
+    """The name of a TP group: 'tp{pp}', and '.{pcp}' after it under PCP."""
+    return f"tp{pp_rank}" if pcp_rank is None else f"tp{pp_rank}.{pcp_rank}"
 
 
 def rank_name(rank: int, pp_rank: int | None = None, pp_size: int | None = None,

@@ -1,5 +1,6 @@
 """The names that cross rooms: the phases a rank marks, the kinds of verdict, the
-roles of a process, what a rank is doing. Each is a `str` enum, so it is written
+roles of a process, what a rank is doing, the calls the probe records, the kinds
+of injected fault. Each is a `str` enum, so it is written
 to files and JSON as its plain value, and a value read back compares equal to
 its member."""
 from __future__ import annotations
@@ -95,3 +96,37 @@ class Role(Name):
     WORKER = "worker"      # a TP x PP rank of the engine
     DRIVER = "driver"      # the engine's scheduler process, not a rank
     PROCESS = "process"    # a rank of a program we did not write (generic mode)
+
+
+class Op(Name):
+    """A call the probe records (CollectiveRecord.op); a Flight Recorder dump may
+    hold others (all_to_all, ...), kept as torch names them."""
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    GATHER = "gather"
+    BARRIER = "barrier"
+    SEND = "send"
+    RECV = "recv"
+
+
+P2P_OPS = (Op.SEND, Op.RECV)
+
+
+def paired_op(op: str) -> Op:
+    """The other side of a point-to-point call: a send meets a recv."""
+    return Op.RECV if op == Op.SEND else Op.SEND
+
+
+class FaultKind(Name):
+    """What an injected fault does (diagnose/probe/faults.py says each)."""
+    HANG = "hang"
+    SLEEP = "sleep"
+    CRASH = "crash"
+    EXIT = "exit"
+    SKIP_COLLECTIVE = "skip_collective"
+    SKIP_BROADCAST = "skip_broadcast"
+    RAISE = "raise"
+    GPU_SPIN = "gpu_spin"
+    DEVICE_ASSERT = "device_assert"

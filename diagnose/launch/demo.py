@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from diagnose.cli.common import EXIT_INTERRUPTED, EXIT_VERDICTS
-from diagnose.core.vocab import Phase, VerdictKind
+from diagnose.core.vocab import FaultKind, Phase, VerdictKind
 from diagnose.launch.launcher import Launcher, LaunchOptions, Outcome
 from diagnose.launch.live import print_outcome
 from diagnose.probe.faults import FaultSpec
@@ -33,7 +33,7 @@ class DemoJob:
 
     @property
     def fault(self) -> FaultSpec:
-        return FaultSpec(rank=self.culprit, at=Phase.EXECUTE_MODEL, kind="hang", step=0)
+        return FaultSpec(rank=self.culprit, at=Phase.EXECUTE_MODEL, kind=FaultKind.HANG, step=0)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "engine", "generate", "--model", self.model,

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from diagnose.core.snapshot import CollectiveRecord
+from diagnose.core.vocab import Op
 
 GLOO_UNKNOWN = "gloo"       # a gloo entry's state until the reader settles it
 TORCH_FRAMES = f"{os.sep}torch{os.sep}"
@@ -188,9 +189,9 @@ def _parse_name(text: str) -> tuple[bool, str, int | None]:
     backend, _, name = text.partition(":")
     op, _, route = (name or backend).partition(" ")
     peer = None
-    if op == "send" and "->" in route:
+    if op == Op.SEND and "->" in route:
         peer = _count(route.split("->")[1])
-    elif op == "recv" and "<-" in route:
+    elif op == Op.RECV and "<-" in route:
         peer = _count(route.split("<-")[1])
     return backend == "gloo", op, peer
 

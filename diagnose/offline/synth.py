@@ -32,10 +32,10 @@ import psutil
 
 from diagnose.core import runfile
 from diagnose.core.groups import encode as encode_groups
-from diagnose.core.layout import Layout
+from diagnose.core.layout import Layout, tp_group_name
 from diagnose.core.snapshot import (CollectiveRecord, FaultRecord, Identity, PhaseEvent, RankState,
                                     Snapshot, WorkerExit)
-from diagnose.core.vocab import STARTUP_PHASES, Phase, Role, VerdictKind
+from diagnose.core.vocab import STARTUP_PHASES, Op, Phase, Role, VerdictKind
 
 OP_S = 0.01        # one traced op, when nothing waits
 SHAPE = [4, 64]
@@ -58,7 +58,7 @@ class Job:
         self.allreduces = 2 * layers          # per forward: after attention and after the MLP
         self.layout = Layout(tp, pp)
         every = list(range(tp * pp))          # one list, shared by every rank's identity
-        self.groups = {f"tp{p}": self.layout.tp_ranks(p) for p in range(pp)} | {"pp": every}
+        self.groups = {tp_group_name(p): self.layout.tp_ranks(p) for p in range(pp)} | {"pp": every}
         self.ranks = {rank: self._state(rank) for rank in range(tp * pp)}
         self.driver = self._driver()
         self.seqs: dict[tuple, int] = {}
@@ -69,7 +69,7 @@ class Job:
                             tp_rank=rank % self.tp, tp_size=self.tp, pp_rank=rank // self.tp,
                             pp_size=self.pp, host="host", pid=1000 + rank, device="cpu",
                             groups={name: self.groups[name]      # its own, as a probe's
-                                    for name in (f"tp{rank // self.tp}", "pp")})
+                                    for name in (tp_group_name(rank // self.tp), "pp")})
         return RankState(identity=identity, started_at=0.0, heartbeat_at=self.now - 0.05,
                          alive=True, open_phases=[], frame="engine/worker.py:120 busy_loop",
                          phases=[], collectives=[])
@@ -151,10 +151,10 @@ class Job:
             prev = rank - self.tp
             if stop == "pp_recv":
                 self.phase(state, "pp_recv", t)
-                self.record(rank, "pp", "recv", t, None, peer=prev)
+                self.record(rank, "pp", Op.RECV, t, None, peer=prev)
                 return t
             self.phase(state, "pp_recv", t, t + self.op_s + recv_wait)
-            self.record(rank, "pp", "recv", t, t + self.op_s + recv_wait, peer=prev)
+            self.record(rank, "pp", Op.RECV, t, t + self.op_s + recv_wait, peer=prev)
             t += self.op_s + recv_wait
         if stop == "forward_entry":
             return t
@@ -164,12 +164,12 @@ class Job:
         last = self.allreduces - 1
         for index in range(self.allreduces):
             if (stop, index) in (("forward", 0), ("forward_second", 1), ("forward_last", last)):
-                self.record(rank, f"tp{pp_rank}", "all_reduce", t, None)
+                self.record(rank, tp_group_name(pp_rank), Op.ALL_REDUCE, t, None)
                 return t
             if stop == "skip_allreduce" and index == 0:
                 continue
             wait = allreduce_wait if index == 0 else 0.0
-            self.record(rank, f"tp{pp_rank}", "all_reduce", t, t + self.op_s + wait)
+            self.record(rank, tp_group_name(pp_rank), Op.ALL_REDUCE, t, t + self.op_s + wait)
             t += self.op_s + wait
         self._close(state, forward, t)
         if stop == "pp_send_entry":
@@ -178,10 +178,10 @@ class Job:
             nxt = rank + self.tp
             if stop == "pp_send":
                 self.phase(state, "pp_send", t)
-                self.record(rank, "pp", "send", t, None, peer=nxt)
+                self.record(rank, "pp", Op.SEND, t, None, peer=nxt)
                 return t
             self.phase(state, "pp_send", t, t + self.op_s)
-            self.record(rank, "pp", "send", t, t + self.op_s, peer=nxt)
+            self.record(rank, "pp", Op.SEND, t, t + self.op_s, peer=nxt)
             t += self.op_s
         else:
             self.phase(state, "sample", t, t + self.op_s)

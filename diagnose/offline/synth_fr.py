@@ -7,6 +7,7 @@ import os
 import pickle
 import time
 
+from diagnose.core.layout import tp_group_name
 from diagnose.offline.synth import HANG_S, OP_S, SHAPE, SynthError, check_layout
 
 FR_CALLS_PER_STEP = 3   # two all_reduces in the rank's TP group, one in the world group
@@ -32,7 +33,7 @@ def write_fr_dumps(out_dir: str, ranks: int, tp: int, culprit: int, entries: int
     paths = []
     for rank in range(ranks):
         stage = rank // tp
-        tp_group = {"name": str(stage + 1), "desc": f"tp{stage}",
+        tp_group = {"name": str(stage + 1), "desc": tp_group_name(stage),
                     "ranks": str(list(range(stage * tp, stage * tp + tp)))}
         calls = _fr_calls(rank, tp, culprit, steps)
         dump = {"version": "2.10", "comm_lib_version": "2.21.5",
@@ -50,7 +51,7 @@ def write_fr_dumps(out_dir: str, ranks: int, tp: int, culprit: int, entries: int
 def _fr_calls(rank: int, tp: int, culprit: int, steps: int) -> list[tuple]:
     """(step, call in step, (pg name, pg desc), seq, done) of every call the rank made."""
     stage = rank // tp
-    tp_pg = (str(stage + 1), f"tp{stage}")
+    tp_pg = (str(stage + 1), tp_group_name(stage))
     calls = []
     for step in range(steps + 1):
         last = step == steps

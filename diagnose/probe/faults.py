@@ -28,12 +28,10 @@ import signal
 import time
 from dataclasses import dataclass
 
-from diagnose.core.vocab import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES
+from diagnose.core.vocab import DRIVER_PHASES, STARTUP_PHASES, STEP_PHASES, FaultKind
 
 ENV_VAR = "DIAG_FAULT"
-KINDS = ("hang", "sleep", "crash", "exit", "skip_collective", "skip_broadcast", "raise",
-         "gpu_spin", "device_assert")
-INSIDE_KINDS = ("skip_broadcast", "raise")   # they act once their phase is open
+INSIDE_KINDS = (FaultKind.SKIP_BROADCAST, FaultKind.RAISE)   # they act once their phase is open
 KNOWN_PHASES = tuple(dict.fromkeys(STARTUP_PHASES + STEP_PHASES + DRIVER_PHASES))
 SPIN_FLAGS: list = []  # the host flags of gpu_spin kernels launched here (kernels.faults.release)
 FORMAT = "rank=R,at=PHASE[,step=N|all],kind=K"
@@ -51,7 +49,7 @@ class FaultSpecError(ValueError):
 class FaultSpec:
     rank: int | None          # None: the driver
     at: str
-    kind: str
+    kind: FaultKind
     step: int | None = None
     arg: float | None = None  # sleep: seconds, exit: the exit code
     every: bool = False       # step=all: fire on every entry of the phase
@@ -71,10 +69,10 @@ class FaultSpec:
     def __str__(self) -> str:
         rank = "driver" if self.rank is None else str(self.rank)
         step = ",step=all" if self.every else "" if self.step is None else f",step={self.step}"
-        kind = self.kind
-        if self.kind == "sleep":
+        kind = str(self.kind)
+        if self.kind == FaultKind.SLEEP:
             kind = f"sleep:{self.arg:g}"
-        elif self.kind == "exit":
+        elif self.kind == FaultKind.EXIT:
             kind = f"exit:{int(self.arg)}"
         return f"rank={rank},at={self.at}{step},kind={kind}"
 
@@ -124,13 +122,14 @@ def _step(text: str, value: str | None) -> int | None:
     return int(value)
 
 
-def _kind(text: str, value: str) -> tuple[str, float | None]:
-    kind, _, arg = value.partition(":")
-    if kind not in KINDS:
-        raise FaultSpecError(f"fault spec {text!r}: unknown kind {kind!r} "
+def _kind(text: str, value: str) -> tuple[FaultKind, float | None]:
+    name, _, arg = value.partition(":")
+    if name not in set(FaultKind):
+        raise FaultSpecError(f"fault spec {text!r}: unknown kind {name!r} "
                              f"(known: hang, sleep:SECONDS, crash, exit:CODE, "
                              f"skip_collective, skip_broadcast, raise, gpu_spin, device_assert)")
-    if kind == "sleep":
+    kind = FaultKind(name)
+    if kind == FaultKind.SLEEP:
         try:
             seconds = float(arg)
         except ValueError:
@@ -139,7 +138,7 @@ def _kind(text: str, value: str) -> tuple[str, float | None]:
             raise FaultSpecError(f"fault spec {text!r}: sleep needs a finite number of seconds "
                                  f"> 0, as in kind=sleep:2.5 (kind=hang blocks forever)")
         return kind, seconds
-    if kind == "exit":
+    if kind == FaultKind.EXIT:
         if not arg.isdigit() or int(arg) > 255:
             raise FaultSpecError(f"fault spec {text!r}: exit needs a code 0..255, "
                                  f"as in kind=exit:3")
@@ -181,7 +180,7 @@ class FaultPlan:
         if spec is None:
             return None
         self.record(spec)
-        if spec.kind == "skip_collective":
+        if spec.kind == FaultKind.SKIP_COLLECTIVE:
             self.skip_next_collective = True
         elif spec.kind not in INSIDE_KINDS:
             _ACTS[spec.kind](spec)
@@ -191,9 +190,9 @@ class FaultPlan:
     def inside_phase(spec: FaultSpec) -> None:
         """skip_broadcast blocks once its phase is open: the rank sits in dequeue;
         raise raises there."""
-        if spec.kind == "skip_broadcast":
+        if spec.kind == FaultKind.SKIP_BROADCAST:
             block_forever()
-        elif spec.kind == "raise":
+        elif spec.kind == FaultKind.RAISE:
             raise FaultRaised(f"diag fault {spec}: raised inside {spec.at}")
 
 
@@ -215,10 +214,10 @@ def _device_assert(spec: FaultSpec) -> None:
 
 
 _ACTS = {
-    "hang": lambda spec: block_forever(),
-    "sleep": lambda spec: time.sleep(spec.arg),
-    "crash": lambda spec: os.kill(os.getpid(), signal.SIGKILL),
-    "exit": lambda spec: os._exit(int(spec.arg)),
-    "gpu_spin": _gpu_spin,
-    "device_assert": _device_assert,
+    FaultKind.HANG: lambda spec: block_forever(),
+    FaultKind.SLEEP: lambda spec: time.sleep(spec.arg),
+    FaultKind.CRASH: lambda spec: os.kill(os.getpid(), signal.SIGKILL),
+    FaultKind.EXIT: lambda spec: os._exit(int(spec.arg)),
+    FaultKind.GPU_SPIN: _gpu_spin,
+    FaultKind.DEVICE_ASSERT: _device_assert,
 }

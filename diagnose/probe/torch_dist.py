@@ -21,24 +21,24 @@ import threading
 import zlib
 
 from diagnose import probe
-from diagnose.core.vocab import Role
+from diagnose.core.vocab import P2P_OPS, Op, Role
 from diagnose.probe import notes
 
 GROUP_NAME_BYTES = 16   # the probe file's group field
 
 # torch.distributed function -> (op recorded, the argument holding its tensor)
 TRACED = {
-    "all_reduce": ("all_reduce", "tensor"),
-    "all_gather": ("all_gather", "tensor"),
-    "all_gather_into_tensor": ("all_gather", "input_tensor"),
-    "reduce_scatter": ("reduce_scatter", "output"),
-    "reduce_scatter_tensor": ("reduce_scatter", "input"),
-    "broadcast": ("broadcast", "tensor"),
-    "barrier": ("barrier", None),
-    "send": ("send", "tensor"),
-    "recv": ("recv", "tensor"),
-    "isend": ("send", "tensor"),
-    "irecv": ("recv", "tensor"),
+    "all_reduce": (Op.ALL_REDUCE, "tensor"),
+    "all_gather": (Op.ALL_GATHER, "tensor"),
+    "all_gather_into_tensor": (Op.ALL_GATHER, "input_tensor"),
+    "reduce_scatter": (Op.REDUCE_SCATTER, "output"),
+    "reduce_scatter_tensor": (Op.REDUCE_SCATTER, "input"),
+    "broadcast": (Op.BROADCAST, "tensor"),
+    "barrier": (Op.BARRIER, None),
+    "send": (Op.SEND, "tensor"),
+    "recv": (Op.RECV, "tensor"),
+    "isend": (Op.SEND, "tensor"),
+    "irecv": (Op.RECV, "tensor"),
 }
 ALWAYS_ASYNC = ("isend", "irecv")
 
@@ -147,7 +147,7 @@ def _traced_init(dist, init_process_group):
 
 def _traced_call(dist, function, op, tensor_arg, always_async):
     signature = inspect.signature(function)
-    is_p2p = op in ("send", "recv")
+    is_p2p = op in P2P_OPS
 
     @functools.wraps(function)
     def traced(*args, **kwargs):
@@ -184,7 +184,7 @@ def _traced_batch(dist, batch_isend_irecv):
             return batch_isend_irecv(p2p_op_list)
         records = []
         for p2p in p2p_op_list:
-            op = "send" if p2p.op is dist.isend else "recv"
+            op = Op.SEND if p2p.op is dist.isend else Op.RECV
             record = probe.collective(group_name(dist, p2p.group), op, [p2p.tensor], peer=p2p.peer)
             records.append(record.__enter__())
         _inside.active = True
@@ -199,7 +199,7 @@ def _traced_batch(dist, batch_isend_irecv):
 
 
 def _peer(dist, given, op, group) -> int | None:
-    name = "dst" if op == "send" else "src"
+    name = "dst" if op == Op.SEND else "src"
     if given.get(name) is not None:
         return given[name]
     local = given.get(f"group_{name}")

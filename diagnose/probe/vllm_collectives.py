@@ -17,24 +17,25 @@ import sys
 import threading
 
 from diagnose import probe
-from diagnose.core.vocab import Role
+from diagnose.core.layout import tp_group_name
+from diagnose.core.vocab import Op, Role
 from diagnose.probe.torch_dist import TracedWork
 from diagnose.probe.vllm_hooks import Hook
 
 PARALLEL_STATE = "vllm.distributed.parallel_state"
 
 TRACED = {   # GroupCoordinator method -> the op recorded
-    "all_reduce": "all_reduce",
-    "_all_reduce_out_place": "all_reduce",
-    "all_gather": "all_gather",
-    "gather": "gather",
-    "broadcast": "broadcast",
-    "broadcast_object": "broadcast",
-    "barrier": "barrier",
-    "send_tensor_dict": "send",
-    "isend_tensor_dict": "send",
-    "recv_tensor_dict": "recv",
-    "irecv_tensor_dict": "recv",
+    "all_reduce": Op.ALL_REDUCE,
+    "_all_reduce_out_place": Op.ALL_REDUCE,
+    "all_gather": Op.ALL_GATHER,
+    "gather": Op.GATHER,
+    "broadcast": Op.BROADCAST,
+    "broadcast_object": Op.BROADCAST,
+    "barrier": Op.BARRIER,
+    "send_tensor_dict": Op.SEND,
+    "isend_tensor_dict": Op.SEND,
+    "recv_tensor_dict": Op.RECV,
+    "irecv_tensor_dict": Op.RECV,
 }
 ASYNC_SEND = "isend_tensor_dict"    # its tensor handles are waited at the next step
 SINCE = {"isend_tensor_dict": "0.17-0.32", "irecv_tensor_dict": "0.17-0.32"}
@@ -93,7 +94,7 @@ def _group_name(group, parallel_state) -> str:
         if kind == "tp" and layout is not None:
             name = layout.tp_group(group.ranks[group.rank_in_group])
         elif kind == "tp":
-            name = f"tp{parallel_state.get_pp_group().rank_in_group}"
+            name = tp_group_name(parallel_state.get_pp_group().rank_in_group)
         else:
             name = kind if kind in ("pp", "world") else group.unique_name
         _names[id(group)] = name
@@ -110,10 +111,10 @@ def _tensors(args: tuple) -> list:
 def _peer(group, op: str, args: tuple, kwargs: dict) -> int | None:
     """The global rank at the other end of a send/recv (vLLM takes the peer's rank
     within the group, by default the next or the previous stage)."""
-    if op == "send":
+    if op == Op.SEND:
         local = kwargs.get("dst", args[1] if len(args) > 1 else None)
         default = group.rank_in_group + 1
-    elif op == "recv":
+    elif op == Op.RECV:
         local = kwargs.get("src", args[0] if args else None)
         default = group.rank_in_group - 1
     else:
