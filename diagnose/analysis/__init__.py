@@ -45,7 +45,8 @@ in the summary and in evidence["culprit"] == "driver"; rank lists hold workers.
 The modules: view.py (the snapshot indexed), position.py (where a process is
 and when it last moved), graph.py, one module per rule family (dead, mismatch
 with calls.py and sites.py, collectives, device, roots, straggler), causes.py
-(consequences folded into their cause), wording.py (the sentences).
+(consequences folded into their cause), wording.py (the sentences), status.py
+(what each rank is under the verdicts, for the rank table and the TUI).
 """
 from __future__ import annotations
 

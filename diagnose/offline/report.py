@@ -13,9 +13,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from diagnose.analysis.status import rank_status
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import CollectiveRecord, Crash, RankState, Snapshot, Verdict
-from diagnose.core.vocab import Mention, RankStatus, VerdictKind
+from diagnose.core.vocab import Mention, Op, RankStatus
 from diagnose.offline.console import fills_screen, output_console
 
 CULPRIT_STYLE = "bold red"
@@ -43,7 +44,7 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
               groups: set[str] | None = None) -> list[RankRow]:
     """One row per rank; with groups, its last collective is its last in them."""
     rows = []
-    status = _statuses(verdicts)
+    status = rank_status(verdicts)
     for rank, state in snapshot.ranks.items():
         phase = state.open_phases[-1] if state.open_phases else None
         steps = [event.step for event in state.open_phases + state.phases if event.step is not None]
@@ -62,33 +63,6 @@ def _doing(state: RankState, now: float) -> str:
     if sample is None or sample.pid != state.identity.pid or now - sample.taken_at > SAMPLE_SHOWN_S:
         return ""
     return sample.text(now)
-
-
-def _statuses(verdicts: list[Verdict]):
-    """A rank's status as the verdicts see it. A process that is gone is dead
-    only where a death verdict names it; a job judged as it stood before its
-    processes ended (a post-mortem, a stopped hang, a synth dir) has ranks that
-    wait, with an old heartbeat, and ranks that ended: normally (exited), or
-    otherwise with no death to blame (ended)."""
-    culprits = {rank for verdict in verdicts for rank in verdict.culprit_ranks}
-    victims = {rank for verdict in verdicts for rank in verdict.victim_ranks}
-    deaths = [verdict for verdict in verdicts if verdict.kind == VerdictKind.DEAD]
-    first_dead = {rank for verdict in deaths for rank in verdict.culprit_ranks}
-    died = {rank for verdict in deaths for rank in verdict.victim_ranks}
-
-    def status(rank: int, state: RankState) -> RankStatus:
-        if rank in first_dead:      # dead, even while its file still says alive
-            return RankStatus.DEAD
-        if rank in culprits:
-            return RankStatus.CULPRIT
-        if not state.alive and rank in died:
-            return RankStatus.DEAD
-        if rank in victims:
-            return RankStatus.VICTIM
-        if state.alive:
-            return RankStatus.RUNNING
-        return RankStatus.EXITED if state.ended_normally else RankStatus.ENDED
-    return status
 
 
 def to_json(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] | None = None,
@@ -194,7 +168,7 @@ def _last_collective(state: RankState, groups: set[str] | None) -> str:
 
 def collective_label(record: CollectiveRecord) -> str:
     """"tp2 all_reduce #9", "pp send->6 #4", "pp recv<-4 #4"."""
-    peer = {"send": f"->{record.peer}", "recv": f"<-{record.peer}"}.get(record.op, "")
+    peer = {Op.SEND: f"->{record.peer}", Op.RECV: f"<-{record.peer}"}.get(record.op, "")
     return f"{record.group} {record.op}{peer} #{record.seq}"
 
 
