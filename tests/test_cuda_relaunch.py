@@ -12,7 +12,8 @@ from rich.console import Console
 from diagnose.offline import report
 from diagnose.launch.cuda_relaunch import (cuda_error_rank, error_site, failed_kernel,
                                     relaunch_on_cuda_error)
-from diagnose.launch.launcher import LaunchOptions, Launcher
+from diagnose.launch.launcher import Launcher
+from diagnose.launch.options import LaunchOptions
 from diagnose.core.snapshot import WorkerExit
 from synthetic import Job
 

@@ -9,7 +9,7 @@ import sys
 import psutil
 
 from diagnose.analysis import analyze
-from diagnose.launch.launcher import BOOTSTRAP_DIR
+from diagnose.launch.options import BOOTSTRAP_DIR
 from diagnose.core.vocab import Phase
 from diagnose.launch.collector import Collector
 from diagnose.core.snapshot import Identity

@@ -11,7 +11,7 @@ import pytest
 
 from diagnose.analysis import analyze
 from diagnose.launch.collector import Collector
-from diagnose.launch.launcher import verdict_key
+from diagnose.launch.ending import verdict_key
 from diagnose.launch.metrics import Monitor
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from diagnose.launch.launcher import ENDED_MARK
+from diagnose.launch.ending import ENDED_MARK
 from oncall_run import REPO, run_hung
 from prometheus_server import missing
 from test_generic import left_behind

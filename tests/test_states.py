@@ -264,7 +264,7 @@ def test_a_shutdown_error_alone_is_no_crash():
 def test_diag_launch_exits_crashed_for_a_job_that_ended_after_a_raise_and_1_for_a_hang():
     from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
     from diagnose.core.snapshot import Verdict
-    from diagnose.launch.launcher import judged_exit
+    from diagnose.launch.ending import judged_exit
     raised = Verdict(kind=VerdictKind.RAISED, culprit_ranks=[1], victim_ranks=[0], summary="")
     assert judged_exit([], 0, crashed=True) == EXIT_CRASHED       # vLLM exited 0 after it
     assert judged_exit([], 0) == EXIT_HEALTHY

@@ -153,7 +153,7 @@ def _check_nodes(args) -> None:
 
 
 def _launch_options_of(args, command: list[str]):
-    from diagnose.launch.launcher import LaunchOptions, default_run_dir
+    from diagnose.launch.options import LaunchOptions, default_run_dir
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
                          thresholds=replace(args.stall_timeout, compile_s=args.compile_limit),
                          on_hang=args.on_hang,

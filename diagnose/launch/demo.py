@@ -13,7 +13,8 @@ from typing import Callable
 
 from diagnose.cli.common import EXIT_INTERRUPTED, EXIT_VERDICTS
 from diagnose.core.vocab import FaultKind, Phase, VerdictKind
-from diagnose.launch.launcher import Launcher, LaunchOptions, Outcome
+from diagnose.launch.launcher import Launcher, Outcome
+from diagnose.launch.options import LaunchOptions
 from diagnose.launch.live import print_outcome
 from diagnose.probe.faults import FaultSpec
 

@@ -21,35 +21,33 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import psutil
 
-from diagnose import probe
 from diagnose.analysis.crash import crash_of
-from diagnose.analysis.thresholds import Thresholds
-from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_VERDICTS
+from diagnose.cli.common import EXIT_INTERRUPTED
 from diagnose.core import schema
 from diagnose.core.schema import Document
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import Crash, Judged, Snapshot, Stop, Verdict
-from diagnose.core.vocab import HANG_KINDS, VerdictKind
+from diagnose.core.vocab import HANG_KINDS
 from diagnose.launch import claim, first_failure, flight
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.states import StateSampler
 from diagnose.launch.dump import py_spy_all
+from diagnose.launch.ending import command_ending, ending_line, judged_exit, verdict_key
 from diagnose.launch.escalate import Escalation
 from diagnose.launch.guardian import Guardian
 from diagnose.launch.job import end_job, job_processes, rank_pids, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
+from diagnose.launch.options import LaunchOptions, command_env, options_json
 from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
 from diagnose.launch.waiting import Waiting
 from diagnose.offline import report
-from diagnose.probe import faults, marks, rank_env
-
-ENDED_MARK = "--- diag ended the job here"   # how diag's line in the output starts
+from diagnose.probe import marks, rank_env
 
 if TYPE_CHECKING:
     from diagnose.launch.metrics import Monitor
@@ -59,29 +57,6 @@ PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 SHM_SAMPLE_S = 2.0      # how often the job's shared memory is noted
-PROBE_PATH_VAR = "DIAG_PROBE_PATH"   # the probe's own dependencies, for the job's Python
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "probe",
-                             "bootstrap")
-
-
-@dataclass
-class LaunchOptions:
-    command: list[str]
-    run_dir: str
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    on_hang: str = "report"             # escalate.OnHang's text: report, kill:5, wait, ...
-    launch_blocking: str | None = None  # "all" or "0,3"
-    nccl_debug: str | None = None
-    faults: list[faults.FaultSpec] = field(default_factory=list)
-    output: str | None = None           # -o: a copy of report.json
-    marks: list[str] = field(default_factory=list)  # --mark module:Qualified.name[=phase]
-    echo_output: bool = True            # copy the command's output to our stderr (at first:
-                                        # the live view and the TUI change Launcher.output.echo)
-    nnodes: int = 1                     # multi-node: the head listens, the others report to it
-    node_rank: int = 0
-    listen: str | None = None           # the head: HOST:PORT its agents report to
-    head: str | None = None             # an agent: the head's HOST:PORT
-    metrics: tuple[str, int] | None = None  # (address, port) of /metrics and /health
 
 
 @dataclass
@@ -89,24 +64,6 @@ class Outcome:
     exit_code: int
     verdicts: list[Verdict]
     report_path: str
-
-
-def command_env(opts: LaunchOptions) -> dict[str, str]:
-    env = dict(os.environ)
-    env[probe.RUN_DIR_VAR] = os.path.abspath(opts.run_dir)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [BOOTSTRAP_DIR, env.get("PYTHONPATH")]))
-    env[PROBE_PATH_VAR] = os.path.dirname(os.path.dirname(os.path.abspath(psutil.__file__)))
-    if opts.marks:
-        env[marks.MARKS_VAR] = ";".join(opts.marks)
-    if opts.faults:
-        env[faults.ENV_VAR] = ";".join(map(str, opts.faults))
-    if opts.launch_blocking:
-        env[rank_env.LAUNCH_BLOCKING_VAR] = opts.launch_blocking
-    if opts.nccl_debug:
-        env[rank_env.NCCL_DEBUG_VAR] = opts.nccl_debug
-    env |= flight.fr_env(opts.run_dir, env)
-    return env
 
 
 class LaunchError(Exception):
@@ -158,7 +115,7 @@ class Launcher:
         self.output.follow(self.proc.stdout)
         self.waiting = Waiting(self.opts.marks, self.opts.run_dir)
         self._write_json(Document.LAUNCH, {"command": self.opts.command, "pid": self.proc.pid,
-                                           "started_at": time.time(), **_options_json(self.opts)})
+                                           "started_at": time.time(), **options_json(self.opts)})
 
     def stop(self, ranks_first: bool = False) -> None:
         """End the command and every process of its job, gracefully first; with
@@ -429,54 +386,9 @@ class Launcher:
             json.dump(schema.stamped(document, body), f, indent=1, default=str)
 
 
-def ending_line(stopped_by: str, verdicts: list[Verdict], on_hang: str = "kill") -> str:
-    """diag's line in the job's output where it ends the job: the lines after it are
-    the job being stopped (a torchrun agent's SignalException, say), not its failure."""
-    hangs = [verdict for verdict in verdicts if verdict.kind in HANG_KINDS]
-    if stopped_by == "hang" and hangs:
-        culprits = ", ".join(map(str, hangs[0].culprit_ranks)) or "none named"
-        why = f"--on-hang {on_hang}: {hangs[0].kind}, culprit rank {culprits}"
-    else:
-        why = f"stopped by {stopped_by}"
-    return f"{ENDED_MARK} ({why}) ---"
-
-
-def judged_exit(verdicts: list[Verdict], command_code: int | None,
-                crashed: bool = False) -> int:
-    """diag launch's own code for a job judged at its end (command_code: the
-    command's, as a shell gives it; None when diag ended a hung job). A hang is
-    a verdict; with none, a rank's death, an exception a rank raised in a job
-    that then ended by itself (crashed: analysis.crash found its first failure,
-    whatever the command's code) or the command's failure is a crash."""
-    failures = {VerdictKind.DEAD} | ({VerdictKind.RAISED} if command_code is not None else set())
-    if any(v.kind in HANG_KINDS and v.kind not in failures for v in verdicts):
-        return EXIT_VERDICTS
-    if command_code not in (0, None) or crashed or any(v.kind in failures for v in verdicts):
-        return EXIT_CRASHED
-    return EXIT_VERDICTS if verdicts else EXIT_HEALTHY
-
-
-def command_ending(returncode: int, stopped_by: str | None) -> dict:
-    """How the command ended, for exit.json and the report: its exit code when
-    it ended by itself; when diag stopped it, no exit code of its own, and the
-    code it returned once stopped beside why."""
-    if stopped_by is None:
-        return {"command_exit": returncode, "stopped_by": None}
-    return {"command_exit": None, "exit_after_stop": returncode, "stopped_by": stopped_by}
-
-
-def verdict_key(verdict: Verdict) -> tuple:
-    """One verdict however long it lasts: its summary's "for N s" grows, this does not."""
-    return verdict.kind, tuple(verdict.culprit_ranks)
-
-
 def _phase_names(snapshot: Snapshot) -> set[str]:
     states = list(snapshot.ranks.values()) + ([snapshot.driver] if snapshot.driver else [])
     return {event.name for state in states for event in state.phases + state.open_phases}
-
-
-def default_run_dir() -> str:
-    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
 
 
 def _monitor(address: tuple[str, int]) -> Monitor:
@@ -494,6 +406,3 @@ def _end_with_launcher() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _options_json(opts: LaunchOptions) -> dict:
-    return {k: v for k, v in asdict(opts).items() if k != "command"} | {
-        "faults": [str(spec) for spec in opts.faults]}
