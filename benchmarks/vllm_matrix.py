@@ -168,8 +168,8 @@ def _named(rows) -> dict:
 
 
 def hooks(venv: Path) -> dict:
-    """The plugin's rows this release has (diagnose.probe.vllm_hooks's listing)."""
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "diagnose.probe.vllm_hooks"],
+    """The plugin's rows this release has (diagnose.probe.vllm_listing)."""
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "diagnose.probe.vllm_listing"],
                           capture_output=True, text=True, cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     rows = [line.split("\t") for line in done.stdout.splitlines() if line.count("\t") == 2]

@@ -4,7 +4,7 @@ lacks, or a hook that fails, becomes a note in the run's report, and every
 other hook still works; a release outside the tested range is said once and
 hooked all the same. No code outside the table asks which release it is in.
 
-`python -m diagnose.probe.vllm_hooks` (in a venv with vLLM, the repo on
+`python -m diagnose.probe.vllm_listing` (in a venv with vLLM, the repo on
 PYTHONPATH) prints which rows that release has, without starting vLLM.
 """
 from __future__ import annotations
@@ -138,14 +138,3 @@ def _has(hook: Hook) -> bool:
     if hook.module == WORKER_CLASS:
         target = getattr(target, CHECKED_WORKER.rpartition(".")[2], None)
     return resolve(target, hook.name)[2] is not None
-
-
-def main() -> None:
-    from diagnose.probe.vllm import HOOKS
-    print(f"vllm {release()}")
-    for hook, status in listing(HOOKS):
-        print(f"{status}\t{hook.module}\t{hook.name}")
-
-
-if __name__ == "__main__":
-    main()
