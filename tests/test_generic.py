@@ -154,6 +154,25 @@ def test_bootstrap_chains_and_stays_lazy(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_job_on_another_python_gets_the_probe_and_none_of_the_debuggers_packages(tmp_path):
+    """The job's Python is a bare venv: under diag launch it gets the probe (and the
+    psutil it needs) from the debugger, and still finds no torch or triton, which the
+    debugger's environment has: a job must not import a version of them it was not
+    built with."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+                   check=True, timeout=60)
+    job = ("import importlib.util, sys; import diagnose.probe.recorder, psutil; "
+           "print('job sees', [name for name in ('torch', 'triton', 'textual') "
+           "if importlib.util.find_spec(name)], 'probe' if 'diagnose.probe.torch_dist' in "
+           "sys.modules else 'no probe', 'psutil' if psutil.pids() else '')")
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
+                           str(run_dir), "--", str(tmp_path / "bare" / "bin" / "python"), "-c", job],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "job sees [] probe psutil" in (run_dir / "output.log").read_text()
+
+
 def _generic_job() -> Job:
     job = Job(tp=1, pp=2)
     for rank, state in job.ranks.items():
