@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from vllm_serving import make_checkpoint  # noqa: E402
+from helpers.vllm_serving import make_checkpoint  # noqa: E402
 
 from engine import attention, executor, llm_engine, scheduler  # noqa: E402
 from engine.communicator import Communicator, Layout  # noqa: E402

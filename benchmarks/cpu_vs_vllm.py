@@ -31,7 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from vllm_serving import REPO, VLLM, Server, free_port, make_checkpoint  # noqa: E402
+from helpers.vllm_serving import REPO, VLLM, Server, make_checkpoint  # noqa: E402
+from helpers.run import free_port  # noqa: E402
 
 METRICS = (("output_throughput", "out tok/s"), ("median_itl_ms", "ITL p50 ms"),
            ("median_ttft_ms", "TTFT p50 ms"), ("median_tpot_ms", "TPOT p50 ms"))

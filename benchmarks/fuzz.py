@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from test_fuzz_analyze import fuzz  # noqa: E402 - the test's own loop
+from helpers.fuzz_inputs import fuzz  # noqa: E402 - the test's own loop
 
 
 def main() -> None:

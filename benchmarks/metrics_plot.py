@@ -1,7 +1,7 @@
 """The metrics of one real hang, as Prometheus saw them: our engine at tp=2 pp=2 on
 the CPU under `diag launch --metrics-port --on-hang dump,kill:10`, rank 3 hung
 before its execute_model of step 300, a real Prometheus scraping every second with
-deploy/prometheus/hangscope-alerts.yml (tests/oncall_run.py runs it). Plots the
+deploy/prometheus/hangscope-alerts.yml (tests/helpers/oncall_run.py runs it). Plots the
 series from Prometheus' query_range API and prints how long each signal took.
 
     python benchmarks/metrics_plot.py [--png docs/images/metrics-hang.png]
@@ -21,8 +21,8 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from oncall_run import REPO, run_hung  # noqa: E402
-from prometheus_server import missing  # noqa: E402
+from helpers.oncall_run import REPO, run_hung  # noqa: E402
+from helpers.prometheus_server import missing  # noqa: E402
 
 FAULT_RANK, FAULT_STEP, KILL_AFTER_S = 3, 300, 10
 BEFORE_S = 20.0     # of the healthy run before the fault, in the plot

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from synthetic import OP_S, Job  # noqa: E402  (tests/synthetic.py plays the probe)
+from helpers.synthetic import OP_S, Job  # noqa: E402  (tests/helpers/synthetic.py plays the probe)
 
 from diagnose.analysis import analyze  # noqa: E402
 from diagnose.core.snapshot import Judged, Snapshot  # noqa: E402

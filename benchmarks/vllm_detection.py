@@ -30,8 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from collecting import collect  # noqa: E402
-from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command  # noqa: E402
+from helpers.collecting import collect  # noqa: E402
+from helpers.vllm_serving import VLLM, Server, make_checkpoint, serve_command  # noqa: E402
+from helpers.run import free_port  # noqa: E402
 
 VLLM_WARNING_S, VLLM_TIMEOUT_S = 60.0, 300.0   # vLLM on a hang: a rank-less warning, then death
 

@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command  # noqa: E402
+from helpers.vllm_serving import VLLM, Server, make_checkpoint, serve_command  # noqa: E402
+from helpers.run import free_port  # noqa: E402
 
 METRICS = (("output_throughput", "out tok/s"), ("median_itl_ms", "ITL p50 ms"),
            ("median_ttft_ms", "TTFT p50 ms"))

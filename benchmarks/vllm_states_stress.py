@@ -36,8 +36,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from diagnose.cli.common import EXIT_HEALTHY  # noqa: E402
-from vllm_faults import launch, plugin_installed  # noqa: E402
-from vllm_serving import make_checkpoint  # noqa: E402
+from helpers.vllm_faults import launch, plugin_installed  # noqa: E402
+from helpers.vllm_serving import make_checkpoint  # noqa: E402
 
 COMPILE_S = 600.0
 

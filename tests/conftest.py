@@ -5,8 +5,13 @@ marker, its file's `pytestmark`, or its file's row in FILE_TIERS. `pytest -m uni
 is the fast tier; a test in no tier fails collection, so a new file says where it
 belongs."""
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
+
+from helpers.run import REPO
 
 RUNS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs")
 TIERS = ("unit", "e2e", "vllm", "gpu")
@@ -64,3 +69,32 @@ def no_runs_dir_in_the_checkout():
     existed = os.path.exists(RUNS)
     yield
     assert existed or not os.path.exists(RUNS), f"a test left {RUNS}: give it a --run-dir in tmp_path"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    path = tmp_path / "run"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def spawn(tmp_path, run_dir):
+    """Starts `script` (dedented) as a process with the probe on; kills leftovers."""
+    children = []
+
+    def start(script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        path = tmp_path / f"child{len(children)}.py"
+        path.write_text(textwrap.dedent(script))
+        child_env = {**os.environ, "PYTHONPATH": str(REPO), "DIAG_RUN_DIR": str(run_dir),
+                     **(env or {})}
+        child = subprocess.Popen([sys.executable, str(path), *args], env=child_env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()

@@ -9,7 +9,7 @@ from diagnose.analysis import analyze
 from diagnose.core.layout import rank_list
 from diagnose.core.vocab import STARTUP_PHASES
 from diagnose.analysis.thresholds import StallLimits, ThresholdError, Thresholds
-from synthetic import OP_S, Job
+from helpers.synthetic import OP_S, Job
 
 HANG_KINDS = {"never_reached", "stuck_in_phase", "collective_missing_peers",
               "broadcast_not_consumed", "dead"}

@@ -15,16 +15,11 @@ from diagnose import cli
 from diagnose.analysis import analyze
 from diagnose.offline.perfetto import to_perfetto
 from diagnose.offline.report import render, to_json
-from synthetic import Job
+from helpers.run import REPO, diag
+from helpers.synthetic import Job
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def diag(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=os.environ | {"COLUMNS": "160"})
+WIDE = {"COLUMNS": "160"}   # the human report, one verdict a line
 
 
 def assert_one_line_error(result, text):
@@ -35,7 +30,7 @@ def assert_one_line_error(result, text):
 
 
 def test_flight_recorder_dumps_report_the_culprit_and_exit_1():
-    result = diag("analyze", os.path.join(FIXTURES, "fr_hang"))
+    result = diag("analyze", os.path.join(FIXTURES, "fr_hang"), env=WIDE)
     assert result.returncode == 1, result.stderr
     assert "rank 3 never joined tp1 all_reduce seq 5" in result.stdout
     assert "ranks 0-2 wait on it" in result.stdout
@@ -69,7 +64,7 @@ def test_a_run_dir_from_a_live_probe(tmp_path):
             "with probe.phase('execute_model', step=3):\n"
             "    print('in', flush=True)\n"
             "    time.sleep(30)\n")
-    rank = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+    rank = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
                             text=True, env=os.environ | {"DIAG_RUN_DIR": str(tmp_path)})
     try:
         assert rank.stdout.readline() == "in\n"
@@ -209,10 +204,8 @@ def test_output_writes_the_json_and_the_screen_stays(tmp_path, capsys):
 def test_piped_output_keeps_every_field_whole():
     """COLUMNS=80 and a pipe, as in CI: the frame column and the verdict are whole,
     one line each."""
-    result = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze",
-                             os.path.join(FIXTURES, "runs", "rank6_never_reached")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60,
-                            env=os.environ | {"COLUMNS": "80"})
+    result = diag("analyze", os.path.join(FIXTURES, "runs", "rank6_never_reached"),
+                  env={"COLUMNS": "80"})
     assert result.returncode == 1, result.stderr
     assert "…" not in result.stdout
     lines = result.stdout.splitlines()

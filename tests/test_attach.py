@@ -20,12 +20,11 @@ from diagnose.attach.live import AttachSource
 from diagnose.attach.run import AttachOptions, attach, write_run_dir
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.py_spy import py_spy_dump
-from test_generic import PROGRAMS, free_port
+from helpers.run import REPO, diag, diag_process, torchrun, wait_for
 from tui.app import DiagApp
 
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULTS = os.path.join(REPO, "tests", "attach_faults")
 VERDICT_WITHIN_S = 15.0
 TIMES = {}          # case -> seconds from the call to the verdict, printed at the end
@@ -47,11 +46,10 @@ class Job:
         return [root] + root.children(recursive=True)
 
     def wait_for_line(self, text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log.read_text():
+        def said() -> bool:
             assert self.proc.poll() is None, self.log.read_text()[-2000:]
-            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s"
-            time.sleep(0.5)
+            return text in self.log.read_text()
+        wait_for(said, timeout, what=repr(text), every=0.5)
 
     def end(self) -> None:
         """SIGTERM to its process group, then SIGKILL to every process of its tree
@@ -77,22 +75,18 @@ class Job:
         self.shm.remove_leftovers()
 
 
-def diag(*args, timeout=120, prefix=()):
+def timed_diag(*args, **kwargs) -> tuple[subprocess.CompletedProcess, float]:
+    """diag's result, and the seconds it took."""
     start = time.monotonic()
-    done = subprocess.run([*prefix, sys.executable, "-m", "diagnose.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=REPO))
+    done = diag(*args, timeout=120, **kwargs)
     return done, time.monotonic() - start
 
 
 def diag_until(path, *args, timeout=120):
     """diag, and the seconds from its start until `path` exists (it is written
     before diag goes on: a --kill comes after the report)."""
-    start, proc = time.monotonic(), subprocess.Popen(
-        [sys.executable, "-m", "diagnose.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    while not path.exists() and proc.poll() is None and time.monotonic() - start < timeout:
-        time.sleep(0.05)
+    start, proc = time.monotonic(), diag_process(*args)
+    wait_for(lambda: path.exists() or proc.poll() is not None, timeout, what=str(path))
     took = time.monotonic() - start
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
@@ -104,19 +98,16 @@ def culprits(body: dict) -> list[list[int]]:
 
 def wait_for_frame(pid: int, frame: str, timeout: float) -> None:
     """Until py-spy shows `frame` in the process's stack: the fault has fired."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def shown() -> bool:
         stacks = py_spy_dump(pid).threads or {}
-        if any(frame in label for frames in stacks.values() for label in frames):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"pid {pid} never showed {frame}")
+        return any(frame in label for frames in stacks.values() for label in frames)
+    wait_for(shown, timeout, what=f"{frame} in pid {pid}'s stack", every=0.5)
 
 
-def torchrun(tmp_path, fault: str, steps: int) -> Job:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-               "--master-port", str(free_port()), os.path.join(PROGRAMS, "dp_train.py")]
-    return Job(command, tmp_path / "job.log", TOY_FAULT=fault, TOY_STEPS=str(steps))
+def start_toy(tmp_path, fault: str, steps: int) -> Job:
+    """tests/programs/dp_train.py on 4 ranks under torchrun, without diag."""
+    return Job(torchrun("dp_train.py", 4), tmp_path / "job.log", TOY_FAULT=fault,
+               TOY_STEPS=str(steps))
 
 
 def rank_pids(job: Job) -> dict[int, int]:
@@ -129,12 +120,11 @@ def rank_pids(job: Job) -> dict[int, int]:
 
 
 def wait_for_ranks(job: Job, count: int, timeout: float) -> dict[int, int]:
-    deadline = time.monotonic() + timeout
-    while len(ranks := rank_pids(job)) < count:
-        assert job.proc.poll() is None and time.monotonic() < deadline, \
-            (job.log.read_text()[-2000:])
-        time.sleep(0.5)
-    return ranks
+    def all_up() -> dict[int, int] | None:
+        assert job.proc.poll() is None, job.log.read_text()[-2000:]
+        ranks = rank_pids(job)
+        return ranks if len(ranks) >= count else None
+    return wait_for(all_up, timeout, what=f"{count} ranks", every=0.5)
 
 
 def test_engine_rank_blocked_before_execute_model(tmp_path):
@@ -146,7 +136,7 @@ def test_engine_rank_blocked_before_execute_model(tmp_path):
         time.sleep(2.0)                      # its peers go on into the step and wait there
         before = {proc.pid for proc in job.processes()}
         run_dir = tmp_path / "attach"
-        done, took = diag("attach", str(job.proc.pid), "--run-dir", str(run_dir), "--json")
+        done, took = timed_diag("attach", str(job.proc.pid), "--run-dir", str(run_dir), "--json")
         TIMES["engine tp2 pp4, rank 6 blocked"] = took
         assert done.returncode == 1, done.stderr
         body = json.loads(done.stdout)
@@ -155,14 +145,14 @@ def test_engine_rank_blocked_before_execute_model(tmp_path):
         assert took < VERDICT_WITHIN_S
         # read-only: every process still runs, and generate has not finished
         assert {proc.pid for proc in job.processes()} == before and job.proc.poll() is None
-        again, _ = diag("analyze", str(run_dir), "--json")
+        again, _ = timed_diag("analyze", str(run_dir), "--json")
         assert again.returncode == 1 and culprits(json.loads(again.stdout)) == [[6]]
     finally:
         job.end()
 
 
 def test_torchrun_rank_skips_all_reduce_and_kill(tmp_path):
-    job = torchrun(tmp_path, "skip_allreduce:2:3", steps=40)
+    job = start_toy(tmp_path, "skip_allreduce:2:3", steps=40)
     try:
         ranks = wait_for_ranks(job, 4, timeout=120)
         wait_for_frame(ranks[2], "toy_steps.py:40 train_step", timeout=120)
@@ -184,11 +174,11 @@ def test_torchrun_rank_skips_all_reduce_and_kill(tmp_path):
 
 @pytest.mark.anyio
 async def test_healthy_job_at_work_is_no_hang_and_the_tui_keeps_sampling(tmp_path):
-    job = torchrun(tmp_path, "", steps=100000)
+    job = start_toy(tmp_path, "", steps=100000)
     try:
         ranks = wait_for_ranks(job, 4, timeout=120)
         wait_for_frame(ranks[3], "train_step", timeout=120)
-        done, took = diag("attach", str(job.proc.pid), "--run-dir", str(tmp_path / "attach"))
+        done, took = timed_diag("attach", str(job.proc.pid), "--run-dir", str(tmp_path / "attach"))
         TIMES["torchrun gloo x4, healthy"] = took
         assert done.returncode == 0, done.stdout + done.stderr
         assert "no hang: ranks progressing" in done.stdout
@@ -237,7 +227,7 @@ def test_no_ptrace_permission_is_one_line_and_exit_2(tmp_path, prefix):
     try:
         job.wait_for_line("started", timeout=60)
         command = list(prefix) + (["-c", 'exec "$0" "$@"'] if prefix[0] == "capsh" else [])
-        done, _ = diag("attach", str(job.proc.pid), "--run-dir", str(tmp_path / "attach"),
+        done, _ = timed_diag("attach", str(job.proc.pid), "--run-dir", str(tmp_path / "attach"),
                        prefix=command)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()

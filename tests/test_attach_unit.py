@@ -16,7 +16,7 @@ from diagnose.core.snapshot import ActivitySample, Identity, RankState, Snapshot
 from diagnose.core.vocab import Activity
 from diagnose.core.schema import Document, stamped
 from diagnose.launch.rundir import RunDirError, SnapshotSource, open_run
-from synthetic import Job
+from helpers.synthetic import Job
 from diagnose.offline.synth import hung_job
 
 pytestmark = pytest.mark.unit

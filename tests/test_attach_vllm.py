@@ -18,7 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vllm_serving import VLLM, Server, free_port, make_checkpoint, serve_command
+from helpers.vllm_serving import VLLM, Server, make_checkpoint, serve_command
+
+from helpers.run import free_port
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "

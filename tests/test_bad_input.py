@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from diagnose.core import runfile
-from test_flight_recorder import nccl_dump, nccl_entry
+from helpers.fr_dumps import nccl_dump, nccl_entry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = os.path.join(ROOT, "tests", "fixtures", "runs")

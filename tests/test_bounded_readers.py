@@ -14,9 +14,9 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.core import groups
 from diagnose.core.groups import GroupReader, encode
 from diagnose.core.layout import MAX_PARSED_RANKS
-from diagnose.offline.flight_recorder import FlightRecorderError, read_fr_dir
+from diagnose.offline.flight_recorder import read_fr_dir
 from diagnose.offline.fr_groups import MAX_MEMBERS
-from test_flight_recorder import nccl_dump, nccl_entry
+from helpers.fr_dumps import nccl_dump, nccl_entry
 
 pytestmark = pytest.mark.unit
 

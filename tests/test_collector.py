@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from diagnose.core import runfile
-from collecting import collect
+from helpers.collecting import collect
 from diagnose.launch import collector
 
 CREATE_TIME = psutil.Process().create_time()

@@ -15,7 +15,7 @@ from diagnose.launch.cuda_relaunch import (cuda_error_rank, error_site, failed_k
 from diagnose.launch.launcher import Launcher
 from diagnose.launch.options import LaunchOptions
 from diagnose.core.snapshot import WorkerExit
-from synthetic import Job
+from helpers.synthetic import Job
 
 REPO = Path(__file__).resolve().parents[1]
 

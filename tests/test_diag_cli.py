@@ -2,19 +2,13 @@
 traceback, and nothing started; diag's own failures: one line, exit 3; and the
 command line itself: its version, its list of commands, help on every argument."""
 import argparse
-import subprocess
-import sys
 from importlib import metadata
 
 import pytest
 
 from diagnose import cli
 from diagnose.cli import analyze as cli_analyze
-
-
-def diag(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *argv], capture_output=True,
-                          text=True, timeout=timeout)
+from helpers.run import diag
 
 
 @pytest.mark.parametrize("argv,says", [

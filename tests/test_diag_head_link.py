@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from diagnose.launch.nodes import HANDSHAKE_S, MAX_PENDING, NodeAgent, NodeError
-from live_log import text_so_far
-from peers import until_closed
-from test_generic import REPO, free_port, left_behind
+from helpers.live_log import text_so_far
+from helpers.peers import until_closed
+from helpers.run import REPO, free_port, left_behind
 
 TOKEN = "diag-test-token-7a1"
 REFUSED = "diag: the head refused a node link from 127.0.0.1:"

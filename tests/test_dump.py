@@ -10,8 +10,9 @@ import textwrap
 import pytest
 
 from diagnose.launch import py_spy
+from helpers.run import REPO, diag
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NARROW = {"COLUMNS": "80"}
 RANK = ("import time\nfrom diagnose import probe\n"
         "probe.init('worker', rank=0, world_size=1, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)\n"
         "with probe.phase('execute_model', step=3):\n"
@@ -19,15 +20,9 @@ RANK = ("import time\nfrom diagnose import probe\n"
         "    time.sleep(60)\n")
 
 
-def diag(*args):
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", "dump", *map(str, args)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env=os.environ | {"COLUMNS": "80"})
-
-
 @pytest.fixture
 def live_rank(tmp_path):
-    rank = subprocess.Popen([sys.executable, "-c", RANK], cwd=ROOT, stdout=subprocess.PIPE,
+    rank = subprocess.Popen([sys.executable, "-c", RANK], cwd=REPO, stdout=subprocess.PIPE,
                             text=True, env=os.environ | {"DIAG_RUN_DIR": str(tmp_path)})
     try:
         assert rank.stdout.readline() == "in\n"
@@ -39,7 +34,8 @@ def live_rank(tmp_path):
 
 
 def test_native_dump_shows_py_spys_native_frames_marked(live_rank):
-    plain, native = diag(live_rank), diag(live_rank, "--native", "-o", live_rank / "d.json")
+    plain = diag("dump", live_rank, env=NARROW)
+    native = diag("dump", live_rank, "--native", "-o", live_rank / "d.json", env=NARROW)
     assert plain.returncode == native.returncode == 0, plain.stderr + native.stderr
     assert "rank 0 (probe)" in plain.stdout and "[native]" not in plain.stdout
     assert "rank 0 (py-spy)" in plain.stdout      # both stacks, as the README says

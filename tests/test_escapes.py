@@ -3,8 +3,6 @@ a log line, a Flight Recorder dump's group and frames) never reach the
 terminal raw: `diag analyze`, `diag logs` and the TUI show them escaped."""
 import os
 import pickle
-import subprocess
-import sys
 import time
 
 import pexpect
@@ -16,10 +14,10 @@ from diagnose.core.snapshot import Span, Verdict
 from diagnose.core.vocab import Mention
 from diagnose.offline import synth
 from diagnose.offline.report import summary_text
+from helpers.run import DIAG, REPO, diag
 
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FR_HANG = os.path.join(REPO, "tests", "fixtures", "fr_hang")
 # Clear the screen, retitle the window, print fake green text, overwrite the
 # line, reverse what follows.
@@ -64,17 +62,12 @@ def log_file(path: str) -> None:
                    f"RuntimeError: boom {EVIL}\n")
 
 
-def diag(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *map(str, argv)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-
-
 def on_a_terminal(*argv, until: str) -> tuple[str, pyte.Screen]:
     """`diag ARGV` on a pseudo-terminal: everything it wrote, and the screen it
     left, once `until` shows (then q)."""
     screen = pyte.Screen(160, 48)
     stream = pyte.Stream(screen)
-    child = pexpect.spawn(sys.executable, ["-m", "diagnose.cli", *map(str, argv)], cwd=REPO,
+    child = pexpect.spawn(DIAG[0], [*DIAG[1:], *map(str, argv)], cwd=REPO,
                           dimensions=(48, 160), env=dict(os.environ, TERM="xterm-256color"),
                           encoding="utf-8", codec_errors="replace", timeout=60)
     written = []

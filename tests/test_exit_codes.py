@@ -3,8 +3,7 @@ what the command does; and each code has one meaning: `diag launch` never
 exits with its command's own code (an unprobed command's 3 or 2 is no bug or
 bad input of diag's), which is in the report and in one line."""
 import argparse
-import importlib
-import inspect
+import ast
 import json
 import os
 import re
@@ -21,10 +20,10 @@ import pytest
 from diagnose import cli
 from diagnose.launch import demo
 from diagnose.launch.live import run_with_live_view
+from helpers.run import DIAG, REPO, diag
 
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 NO_FAULT = os.path.join(FIXTURES, "runs", "no_fault")
 HUNG = os.path.join(FIXTURES, "runs", "rank6_never_reached")
@@ -49,11 +48,6 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 def table(name: str) -> list[str]:
     text = subcommands()[name].format_help()
     return ROW.findall(text[text.index("\nexit codes:\n"):text.index("\nexamples:\n")])
-
-
-def diag(*argv, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *map(str, argv)], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def one_error_line(done: subprocess.CompletedProcess, says: str) -> None:
@@ -197,7 +191,7 @@ def dump_dumped(tmp_path, monkeypatch, capsys):
 
 
 def tui_closed(tmp_path, monkeypatch, capsys):
-    child = pexpect.spawn(sys.executable, ["-m", "diagnose.cli", "tui", NO_FAULT], cwd=REPO,
+    child = pexpect.spawn(DIAG[0], [*DIAG[1:], "tui", NO_FAULT], cwd=REPO,
                           dimensions=(40, 140), timeout=60, env=dict(os.environ, TERM="xterm"))
     child.expect("rank")
     child.send("q")
@@ -268,8 +262,18 @@ def test_every_row_of_every_table_is_checked_and_none_lists_a_code_twice():
     assert not any(code == "130" for _, code in rows)     # 128+N says it
     assert set(rows) == set(CHECKS) | set(ELSEWHERE)
     for module, test, asserts in ELSEWHERE.values():
-        source = inspect.getsource(getattr(importlib.import_module(module), test))
-        assert asserts in source, (module, test)
+        assert asserts in source_of_test(module, test), (module, test)
+
+
+def source_of_test(module: str, test: str) -> str:
+    """The source of a test function in tests/MODULE.py, read, not imported: test
+    files do not import one another."""
+    path = os.path.join(REPO, "tests", module + ".py")
+    with open(path) as f:
+        text = f.read()
+    [found] = [node for node in ast.walk(ast.parse(text))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == test]
+    return ast.get_source_segment(text, found)
 
 
 @pytest.mark.parametrize("row", sorted(CHECKS), ids=lambda row: f"{row[0]}-{row[1]}")

@@ -3,39 +3,12 @@ under `diag launch`, one injected fault each; the report must name exactly the
 culprit, within 5 s of the stall, with every live rank's stacks, and leave no
 process behind. `diag analyze` on the run dir must agree afterwards."""
 import json
-import subprocess
-import sys
 
-import psutil
+from helpers.run import ENGINE, PROMPTS, diag, launch
 
-ENGINE = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
-          "-pp", "4", "--ignore-eos"]
-PROMPTS = ["--prompt", "Where does the pipeline stop?", "--prompt", "Which rank is late?"]
-
-
-def _run_dir_processes(run_dir: str) -> list[psutil.Process]:
-    left = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("DIAG_RUN_DIR") == run_dir:
-                left.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return left
-
-
-def launch(tmp_path, fault: str | None, engine_args: list[str], timeout: int = 240) -> dict:
-    run_dir = str(tmp_path / "run")
-    report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-           "--run-dir", run_dir, "-o", str(report)]
-    cmd += ["--fault", fault] if fault else []
-    proc = subprocess.run(cmd + ["--", *ENGINE, *engine_args], capture_output=True, text=True,
-                          timeout=timeout)
-    assert not _run_dir_processes(run_dir), "processes of the run are still alive"
-    body = json.loads(report.read_text())
-    body["exit_code"], body["run_dir"], body["stderr"] = proc.returncode, run_dir, proc.stderr
-    return body
+def launch_engine(tmp_path, fault: str | None, engine_args: list[str], timeout: int = 240) -> dict:
+    flags = ("--fault", fault) if fault else ()
+    return launch(tmp_path, [*ENGINE, *engine_args], *flags, timeout=timeout).body()
 
 
 def kinds(body: dict) -> list[tuple[str, list[int]]]:
@@ -43,8 +16,7 @@ def kinds(body: dict) -> list[tuple[str, list[int]]]:
 
 
 def analyze_again(run_dir: str) -> list[tuple[str, list[int]]]:
-    proc = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", run_dir, "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = diag("analyze", run_dir, "--json")
     return [(v["kind"], v["culprit_ranks"]) for v in json.loads(proc.stdout)["verdicts"]]
 
 
@@ -64,7 +36,7 @@ def rows(body: dict) -> dict[int, dict]:
 
 
 def test_rank6_never_reaches_execute_model(tmp_path):
-    body = launch(tmp_path, "rank=6,at=execute_model,step=0,kind=hang",
+    body = launch_engine(tmp_path, "rank=6,at=execute_model,step=0,kind=hang",
                   PROMPTS + ["--max-tokens", "32"])
     verdict = assert_hang_report(body, "never_reached", 6)
     assert verdict["phase"] == "execute_model"
@@ -72,14 +44,14 @@ def test_rank6_never_reaches_execute_model(tmp_path):
 
 
 def test_rank4_hangs_inside_execute_model(tmp_path):
-    body = launch(tmp_path, "rank=4,at=forward,step=5,kind=hang", PROMPTS + ["--max-tokens", "32"])
+    body = launch_engine(tmp_path, "rank=4,at=forward,step=5,kind=hang", PROMPTS + ["--max-tokens", "32"])
     verdict = assert_hang_report(body, "stuck_in_phase", 4)
     assert {6, 7} <= set(verdict["victim_ranks"])
     assert rows(body)[6]["phase"] == rows(body)[7]["phase"] == "pp_recv"
 
 
 def test_rank5_skips_a_tp_collective(tmp_path):
-    body = launch(tmp_path, "rank=5,at=forward,step=4,kind=skip_collective",
+    body = launch_engine(tmp_path, "rank=5,at=forward,step=4,kind=skip_collective",
                   PROMPTS + ["--max-tokens", "32"])
     verdict = assert_hang_report(body, "collective_missing_peers", 5)
     assert verdict["group"] == "tp2" and verdict["seq"] is not None
@@ -89,7 +61,7 @@ def test_tp2_rank1_skips_a_collective_and_is_named_by_the_groups_rhythm(tmp_path
     """With two ranks there is no majority: rank 1's next call (the LM head's
     all_gather) meets rank 0's all_reduce, and the steps' repeating calls say
     which side is off."""
-    body = launch(tmp_path, "rank=1,at=forward,step=4,kind=skip_collective",
+    body = launch_engine(tmp_path, "rank=1,at=forward,step=4,kind=skip_collective",
                   ["--prompt", "hello there", "--max-tokens", "32", "-pp", "1"])
     assert kinds(body) == [("collective_mismatch", [1])], body["stderr"][-3000:]
     assert body["verdicts"][0]["victim_ranks"] == [0]
@@ -100,14 +72,14 @@ def test_pp2_stage0_skips_its_send_and_is_named(tmp_path):
     """At tp=1 the first call after forward is stage 0's pp send: skipped, stage 1
     waits in its recv while stage 0 goes back to wait on the driver, which waits
     on stage 1. Stage 0 went past its side of the pair, so it is the culprit."""
-    body = launch(tmp_path, "rank=0,at=forward,step=4,kind=skip_collective",
+    body = launch_engine(tmp_path, "rank=0,at=forward,step=4,kind=skip_collective",
                   ["--prompt", "hello there", "--max-tokens", "32", "-tp", "1", "-pp", "2"])
     verdict = assert_hang_report(body, "collective_missing_peers", 0)
     assert verdict["victim_ranks"] == [1] and verdict["group"] == "pp"
 
 
 def test_rank2_killed(tmp_path):
-    body = launch(tmp_path, "rank=2,at=execute_model,step=3,kind=crash",
+    body = launch_engine(tmp_path, "rank=2,at=execute_model,step=3,kind=crash",
                   PROMPTS + ["--max-tokens", "32"])
     assert kinds(body) == [("dead", [2])], body["stderr"][-3000:]
     assert "SIGKILL" in body["verdicts"][0]["summary"]
@@ -118,7 +90,7 @@ def test_rank2_killed(tmp_path):
 
 
 def test_rank7_straggles(tmp_path):
-    body = launch(tmp_path, "rank=7,at=execute_model,step=all,kind=sleep:1.5",
+    body = launch_engine(tmp_path, "rank=7,at=execute_model,step=all,kind=sleep:1.5",
                   PROMPTS + ["--max-tokens", "6"])
     assert kinds(body) == [("straggler", [7])], body["stderr"][-3000:]
     assert body["exit_code"] == 1      # a verdict, though the job finished (diag launch --help)
@@ -126,7 +98,7 @@ def test_rank7_straggles(tmp_path):
 
 
 def test_rank3_stops_taking_the_broadcast(tmp_path):
-    body = launch(tmp_path, "rank=3,at=dequeue,step=6,kind=skip_broadcast",
+    body = launch_engine(tmp_path, "rank=3,at=dequeue,step=6,kind=skip_broadcast",
                   PROMPTS + ["--max-tokens", "32"])
     assert_hang_report(body, "broadcast_not_consumed", 3)
 
@@ -137,7 +109,7 @@ def test_long_chunked_prefill_traffic_gives_no_verdict(tmp_path):
     prompts = []
     for i in range(16):
         prompts += ["--prompt", f"request {i}: " + "a long prompt that needs many chunks " * 4]
-    body = launch(tmp_path, None, prompts + ["--max-tokens", "32",
+    body = launch_engine(tmp_path, None, prompts + ["--max-tokens", "32",
                                              "--max-num-batched-tokens", "32",
                                              "--max-num-seqs", "8"], timeout=400)
     assert kinds(body) == [] and body["exit_code"] == 0, body["stderr"][-3000:]

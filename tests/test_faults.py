@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
-from collecting import collect
+from helpers.collecting import collect, rank_in_phase
 from diagnose.probe.faults import FaultPlan, FaultSpec, FaultSpecError, parse_faults
-from test_probe import rank_in_phase, run_dir, spawn, wait_for  # noqa: F401 (fixtures)
+from helpers.run import wait_for
 
 
 def test_specs_parse_and_print_back():
@@ -73,6 +72,12 @@ FAULTED_CHILD = """
 """
 
 
+def beat_since(run_dir, state, seconds: float):
+    """Rank 0's state once its heartbeat is `seconds` newer than in `state`, else None."""
+    later = collect(str(run_dir)).ranks[0]
+    return later if later.heartbeat_at > state.heartbeat_at + seconds else None
+
+
 def faulted(spawn, spec: str, *args: str):
     return spawn(FAULTED_CHILD, *args, env={"DIAG_FAULT": spec})
 
@@ -80,10 +85,8 @@ def faulted(spawn, spec: str, *args: str):
 def test_hang_blocks_before_the_phase_and_the_heartbeat_goes_on(spawn, run_dir):
     child = faulted(spawn, "rank=0,at=forward,step=2,kind=hang")
     state = wait_for(lambda: rank_in_phase(run_dir, 0, "execute_model", 2), what="the hang")
-    time.sleep(0.5)
-    later = collect(str(run_dir)).ranks[0]
+    later = wait_for(lambda: beat_since(run_dir, state, 0.3), what="heartbeats during the hang")
     assert child.poll() is None and later.alive
-    assert later.heartbeat_at > state.heartbeat_at + 0.3
     assert later.phase.name == "execute_model" and later.phase.step == 2
     assert [p.step for p in later.phases if p.name == "forward"] == [0, 1]
     assert later.fault.spec == "rank=0,at=forward,step=2,kind=hang"
@@ -135,7 +138,6 @@ def test_skip_collective_skips_the_next_call_without_a_sequence_number(spawn, ru
 def test_skip_broadcast_blocks_in_dequeue_without_reading(spawn, run_dir):
     faulted(spawn, "rank=0,at=dequeue,step=2,kind=skip_broadcast")
     state = wait_for(lambda: rank_in_phase(run_dir, 0, "dequeue", 2), what="dequeue step 2")
-    time.sleep(0.3)
-    state = collect(str(run_dir)).ranks[0]
+    state = wait_for(lambda: beat_since(run_dir, state, 0.3), what="heartbeats in dequeue")
     assert (state.phase.name, state.phase.step, state.ring_read) == ("dequeue", 2, 2)
     assert state.alive and state.fault.fired_at is not None

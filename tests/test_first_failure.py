@@ -4,7 +4,6 @@ the job's output, not only that a process died; an exception raised in
 hangscope's own probe is said to be ours first."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -12,23 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from helpers.run import launch
+
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 
 
-def launch(tmp_path: Path, program: str) -> tuple[subprocess.CompletedProcess, dict]:
+def launch_script(tmp_path: Path, program: str) -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(program))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
-                           str(run_dir), "--", sys.executable, str(script)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    return done, json.loads((run_dir / "report.json").read_text())
+    done, report, _ = launch(tmp_path, [sys.executable, str(script)], on_hang=None)
+    return done, report
 
 
 def test_the_exception_that_ended_the_job_is_named(tmp_path):
-    done, report = launch(tmp_path, """\
+    done, report = launch_script(tmp_path, """\
         def load(path):
             raise FileNotFoundError(f"no weights at {path}")
 
@@ -44,7 +41,7 @@ def test_the_exception_that_ended_the_job_is_named(tmp_path):
 
 def test_an_exception_raised_in_hangscopes_probe_says_so_first(tmp_path):
     """probe.init for a worker with no rank raises: a real traceback through the probe."""
-    done, report = launch(tmp_path, """\
+    done, report = launch_script(tmp_path, """\
         import os
         os.environ.pop("RANK", None)
         from diagnose import probe
@@ -57,6 +54,6 @@ def test_an_exception_raised_in_hangscopes_probe_says_so_first(tmp_path):
 
 
 def test_a_healthy_job_has_no_first_failure(tmp_path):
-    done, report = launch(tmp_path, "print('fine')\n")
+    done, report = launch_script(tmp_path, "print('fine')\n")
     assert done.returncode == 0, done.stderr
     assert "first_failure" not in report and "first failure" not in done.stderr

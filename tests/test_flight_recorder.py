@@ -11,6 +11,7 @@ import pytest
 from diagnose.analysis import analyze
 from diagnose.offline.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
 from diagnose.analysis.thresholds import Thresholds
+from helpers.fr_dumps import nccl_dump, nccl_entry
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 POST_MORTEM = Thresholds(stall_s=0.0)
@@ -101,25 +102,6 @@ def test_a_directory_without_dumps_is_an_error(tmp_path):
         read_fr_dir(str(tmp_path))
     (tmp_path / "notes.txt").write_text("hello")
     assert not looks_like_fr_dir(str(tmp_path))
-
-
-def nccl_entry(record_id, pg, seq, name, state, p2p_seq=0, t=1_700_000_000.0):
-    """One entry as NCCL's Flight Recorder writes it (version 2.x)."""
-    return {"record_id": record_id, "pg_id": int(pg[0]), "process_group": pg,
-            "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "op_id": record_id,
-            "profiling_name": name, "time_created_ns": int((t + record_id) * 1e9),
-            "input_sizes": [[4, 64]], "input_dtypes": ["Float"], "output_sizes": [[4, 64]],
-            "output_dtypes": ["Float"], "state": state, "time_discovered_started_ns": None,
-            "time_discovered_completed_ns": None, "retired": state == "completed",
-            "timeout_ms": 600000, "is_p2p": "send" in name or "recv" in name,
-            "frames": [{"name": "forward", "filename": "/srv/model.py", "line": 42}]}
-
-
-def nccl_dump(entries, groups):
-    return {"version": "2.10", "comm_lib_version": "2.21.5", "pg_status": {},
-            "pg_config": {name: {"name": name, "desc": desc, "ranks": str(ranks)}
-                          for name, (desc, ranks) in groups.items()},
-            "entries": entries}
 
 
 def test_nccl_dumps_name_the_rank_missing_from_the_majority_even_without_its_dump(tmp_path):

@@ -2,11 +2,9 @@
 (tests/programs/), with faults the programs inject themselves (TOY_FAULT)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
-import psutil
 
 from diagnose.analysis import analyze
 from diagnose.launch.options import BOOTSTRAP_DIR
@@ -14,44 +12,18 @@ from diagnose.core.vocab import Phase
 from diagnose.launch.collector import Collector
 from diagnose.core.snapshot import Identity
 from diagnose.analysis.thresholds import Thresholds
-from synthetic import Job
+from helpers.run import diag, launch, torchrun
+from helpers.synthetic import Job
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROGRAMS = os.path.join(REPO, "tests", "programs")
 BOOTSTRAP = BOOTSTRAP_DIR
 DETECT_S = 5.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(tmp_path, program, nproc, fault="", marks=()):
-    run_dir, report = tmp_path / "run", tmp_path / "report.json"
-    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-               "--on-hang", "kill", "-o", str(report)]
-    command += [arg for mark in marks for arg in ("--mark", mark)]
-    command += ["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                "--monitor-interval", "0.5", "--master-port", str(free_port()),
-                os.path.join(PROGRAMS, program)]
-    done = subprocess.run(command, cwd=REPO, env=dict(os.environ, TOY_FAULT=fault),
-                          capture_output=True, text=True, timeout=90)
-    assert not left_behind(run_dir)
-    return done, json.loads(report.read_text()), run_dir
-
-
-def left_behind(run_dir) -> list[psutil.Process]:
-    """Processes still running with this run's DIAG_RUN_DIR (torchrun's children included)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("DIAG_RUN_DIR") == str(run_dir):
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
-    return found
+def launch_toy(tmp_path, program, nproc, fault="", marks=()):
+    """diag launch around torchrun of tests/programs/PROGRAM with TOY_FAULT=fault."""
+    flags = [arg for mark in marks for arg in ("--mark", mark)]
+    return launch(tmp_path, torchrun(program, nproc), *flags, env={"TOY_FAULT": fault},
+                      timeout=90)
 
 
 def verdicts_of(body):
@@ -59,13 +31,12 @@ def verdicts_of(body):
 
 
 def analyze_again(run_dir):
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(run_dir), "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = diag("analyze", run_dir, "--json")
     return verdicts_of(json.loads(done.stdout))
 
 
 def test_healthy_run_has_no_verdict_and_no_agent_file(tmp_path):
-    done, body, run_dir = launch(tmp_path, "dp_train.py", 2)
+    done, body, run_dir = launch_toy(tmp_path, "dp_train.py", 2)
     assert done.returncode == 0, done.stderr[-2000:]
     assert body["verdicts"] == []
     probes = sorted(name for name in os.listdir(run_dir) if name.endswith(".probe"))
@@ -78,7 +49,7 @@ def test_healthy_run_has_no_verdict_and_no_agent_file(tmp_path):
 
 
 def test_rank_that_skips_all_reduce_is_named(tmp_path):
-    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "skip_allreduce:1:5")
+    done, body, run_dir = launch_toy(tmp_path, "dp_train.py", 2, "skip_allreduce:1:5")
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("collective_missing_peers", [1])
@@ -91,7 +62,7 @@ def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_p
     """Rank 2 skips the all_reduce of step 10 and trains on: its calls pair with
     its peers' next ones until its final barrier meets their last all_reduce,
     29 calls later. Counted per call site, it made one all_reduce fewer."""
-    done, body, run_dir = launch(tmp_path, "dp_train.py", 4, "skip_once:2:10")
+    done, body, run_dir = launch_toy(tmp_path, "dp_train.py", 4, "skip_once:2:10")
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["seq"]) == (
@@ -106,7 +77,7 @@ def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_p
 
 
 def test_pipeline_stage_that_never_sends_is_named(tmp_path):
-    done, body, run_dir = launch(tmp_path, "pipeline.py", 4, "no_send:2:5")
+    done, body, run_dir = launch_toy(tmp_path, "pipeline.py", 4, "no_send:2:5")
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
     assert verdict["culprit_ranks"] == [2]
@@ -117,7 +88,7 @@ def test_pipeline_stage_that_never_sends_is_named(tmp_path):
 
 
 def test_rank_that_exits_is_dead(tmp_path):
-    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "exit:1:5")
+    done, body, run_dir = launch_toy(tmp_path, "dp_train.py", 2, "exit:1:5")
     assert done.returncode == 4, done.stderr[-2000:]       # the job crashed
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1])
@@ -128,7 +99,7 @@ def test_rank_that_exits_is_dead(tmp_path):
 
 
 def test_mark_is_a_phase_and_never_reached_works(tmp_path):
-    done, body, run_dir = launch(tmp_path, "dp_train.py", 2, "late_start:1:0",
+    done, body, run_dir = launch_toy(tmp_path, "dp_train.py", 2, "late_start:1:0",
                                  marks=["toy_steps:train_step", "toy_steps:no_such_step=x"])
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]

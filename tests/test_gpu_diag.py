@@ -4,7 +4,6 @@ gpu_stuck inside a decode replay at tp=2 (on NCCL). The GPU tests skip without
 CUDA; the process-group timeout knob they use is checked everywhere."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from collecting import collect
-from test_probe import wait_for
+from helpers.collecting import collect
+from helpers.run import launch, wait_for
 from engine.communicator import DEFAULT_TIMEOUT_S, TIMEOUT_VAR, timeout_from_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,23 +108,16 @@ def test_each_replay_records_its_collectives_with_the_devices_progress(tmp_path)
         child.wait()
 
 
-def launch(tmp_path: Path, fault: str, engine_flags: list[str], *flags: str) -> dict:
-    report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-           "--run-dir", str(tmp_path / "run"), "-o", str(report), "--fault", fault,
-           *flags, "--", sys.executable, "-m", "engine", "generate", "--model", "tiny-llama",
-           "-tp", "2", "--device", "cuda", "--dtype", "bfloat16", "--ignore-eos",
-           "--max-tokens", "32", "--prompt", "Where does the GPU stop?", *engine_flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO,
-                          env={**os.environ, **NO_NVLS, "PYTHONPATH": str(REPO)})
-    body = json.loads(report.read_text())
-    body["stderr"] = proc.stderr
-    return body
+def launch_gpu(tmp_path: Path, fault: str, engine_flags: list[str], *flags: str) -> dict:
+    engine = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
+              "--device", "cuda", "--dtype", "bfloat16", "--ignore-eos", "--max-tokens", "32",
+              "--prompt", "Where does the GPU stop?", *engine_flags]
+    return launch(tmp_path, engine, "--fault", fault, *flags, timeout=240, env=NO_NVLS).body()
 
 
 @needs_gpus(2)
 def test_a_device_assert_is_traced_to_its_kernel_and_call_site_by_the_relaunch(tmp_path):
-    body = launch(tmp_path, "rank=1,at=forward,step=4,kind=device_assert", ["--enforce-eager"],
+    body = launch_gpu(tmp_path, "rank=1,at=forward,step=4,kind=device_assert", ["--enforce-eager"],
                   "--relaunch-on-cuda-error")
     assert [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]][:1] == [("dead", [1])]
     error = body["cuda_error"]
@@ -138,7 +130,7 @@ def test_a_device_assert_is_traced_to_its_kernel_and_call_site_by_the_relaunch(t
 
 @needs_gpus(2)
 def test_a_gpu_spinning_before_a_decode_replay_is_gpu_stuck_inside_the_replay(tmp_path):
-    body = launch(tmp_path, "rank=1,at=forward,step=4,kind=gpu_spin", [])   # CUDA graphs on
+    body = launch_gpu(tmp_path, "rank=1,at=forward,step=4,kind=gpu_spin", [])   # CUDA graphs on
     assert [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]][:1] == [
         ("gpu_stuck", [1])], body["stderr"][-3000:]
     verdict = body["verdicts"][0]

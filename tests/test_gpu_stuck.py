@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import pytest
 
-from collecting import collect
+from helpers.collecting import collect
 from diagnose.analysis import analyze, rewind
 from diagnose.core.snapshot import DeviceWork
-from synthetic import OP_S, Job
+from helpers.synthetic import OP_S, Job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

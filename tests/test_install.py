@@ -10,18 +10,17 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from helpers.run import PROGRAMS, REPO, diag, free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
-PROGRAMS = os.path.join(REPO, "tests", "programs")
 BUILT_FROM = ["pyproject.toml", "README.md", "diagnose", "tui", "engine", "kernels"]
 DEBUGGER_REQUIRES = {"prometheus_client", "psutil", "py-spy", "rich", "textual"}
 
@@ -63,9 +62,10 @@ def clean_env(**extra: str) -> dict:
     return env | {"COLUMNS": "200", **extra}
 
 
-def diag(venv: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(venv, "diag"), *args], check=False, capture_output=True,
-                          text=True, timeout=timeout, cwd=os.path.dirname(venv), env=clean_env(**env))
+def venv_diag(venv: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """The venv's installed `diag` script, run from outside the checkout."""
+    return diag(*args, program=(os.path.join(venv, "diag"),), timeout=timeout,
+                cwd=os.path.dirname(venv), env=clean_env(**env))
 
 
 def python(venv: str, code: str, *args: str) -> subprocess.CompletedProcess:
@@ -87,49 +87,49 @@ def test_base_requires_only_the_debugger_and_has_no_torch(venv):
 
 
 def test_help_and_bad_input(venv):
-    helped = diag(venv, "--help")
+    helped = venv_diag(venv, "--help")
     assert helped.returncode == 0 and "analyze" in helped.stdout and "logs" in helped.stdout
     for argv, says in [(["tui", "/no/such/run"], "/no/such/run"),
                        (["demo", "--no-tui"], "pip install 'hangscope[engine]'")]:
-        bad = diag(venv, *argv)
+        bad = venv_diag(venv, *argv)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, argv
 
 
 def test_analyze_recorded_and_synthetic_run_dirs(venv, tmp_path):
-    recorded = diag(venv, "analyze", os.path.join(FIXTURES, "runs", "rank6_never_reached"))
+    recorded = venv_diag(venv, "analyze", os.path.join(FIXTURES, "runs", "rank6_never_reached"))
     assert recorded.returncode == 1, recorded.stderr
     assert "rank 6 (pp 3/4, tp 0) never reached execute_model" in recorded.stdout
-    healthy = diag(venv, "analyze", os.path.join(FIXTURES, "runs", "no_fault"))
+    healthy = venv_diag(venv, "analyze", os.path.join(FIXTURES, "runs", "no_fault"))
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
 
-    made = diag(venv, "synth", str(tmp_path / "big"), "--ranks", "64", "--culprit", "10",
+    made = venv_diag(venv, "synth", str(tmp_path / "big"), "--ranks", "64", "--culprit", "10",
                 "--fr-dumps")
     assert made.returncode == 0, made.stderr
-    report = diag(venv, "analyze", str(tmp_path / "big"), "--json")
+    report = venv_diag(venv, "analyze", str(tmp_path / "big"), "--json")
     assert report.returncode == 1, report.stderr
     [verdict] = json.loads(report.stdout)["verdicts"]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("never_reached", [10])
 
 
 def test_analyze_flight_recorder_dumps(venv, tmp_path):
-    hung = diag(venv, "analyze", os.path.join(FIXTURES, "fr_hang"))
+    hung = venv_diag(venv, "analyze", os.path.join(FIXTURES, "fr_hang"))
     assert hung.returncode == 1, hung.stderr
     assert "rank 3 never joined tp1 all_reduce seq 5" in hung.stdout
-    healthy = diag(venv, "analyze", os.path.join(FIXTURES, "fr_healthy"))
+    healthy = venv_diag(venv, "analyze", os.path.join(FIXTURES, "fr_healthy"))
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
 
-    assert diag(venv, "synth", str(tmp_path / "fr"), "--ranks", "16", "--culprit", "5",
+    assert venv_diag(venv, "synth", str(tmp_path / "fr"), "--ranks", "16", "--culprit", "5",
                 "--fr-dumps").returncode == 0
-    report = diag(venv, "analyze", str(tmp_path / "fr" / "fr"), "--json")
+    report = venv_diag(venv, "analyze", str(tmp_path / "fr" / "fr"), "--json")
     assert report.returncode == 1, report.stderr
     assert json.loads(report.stdout)["verdicts"][0]["culprit_ranks"] == [5]
 
 
 def test_logs(venv):
-    crash = diag(venv, "logs", os.path.join(FIXTURES, "logs", "vllm_tp2pp2_worker_assert.log"))
+    crash = venv_diag(venv, "logs", os.path.join(FIXTURES, "logs", "vllm_tp2pp2_worker_assert.log"))
     assert crash.returncode == 1, crash.stderr
     assert "FIRST  Worker_PP1_TP0 (rank 2, PP stage 1, TP 0): AssertionError" in crash.stdout
-    healthy = diag(venv, "logs", os.path.join(FIXTURES, "logs", "vllm_tp2_healthy.log"))
+    healthy = venv_diag(venv, "logs", os.path.join(FIXTURES, "logs", "vllm_tp2_healthy.log"))
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
 
 
@@ -174,7 +174,7 @@ HANGS = textwrap.dedent("""
 def test_launch_a_job_without_torch(venv, tmp_path):
     """The probe and its bootstrap load in a job whose environment has no torch."""
     report = tmp_path / "report.json"
-    done = diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
+    done = venv_diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
                 "--stall-timeout", "1", "-o", str(report), "--",
                 os.path.join(venv, "python"), "-c", HANGS)
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
@@ -182,17 +182,11 @@ def test_launch_a_job_without_torch(venv, tmp_path):
     assert verdict["culprit_ranks"] == [0] and verdict["phase"] == "execute_model"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="the job needs torch")
 def test_launch_a_torch_job_from_the_debugger_without_torch(venv, tmp_path):
     """diag from the torch-less venv; the job runs on this environment's torch."""
     report = tmp_path / "report.json"
-    done = diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
+    done = venv_diag(venv, "launch", "--run-dir", str(tmp_path / "run"), "--on-hang", "kill",
                 "-o", str(report), "--",
                 sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--monitor-interval", "0.5", "--master-port", str(free_port()),

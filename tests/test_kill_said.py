@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_generic import PROGRAMS, REPO, free_port, left_behind
+from helpers.run import PROGRAMS, REPO, free_port, left_behind
 
 pytestmark = pytest.mark.e2e
 

@@ -5,23 +5,28 @@ normally as exited, not dead."""
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
+import urllib.request
 
-from test_generic import PROGRAMS, REPO, left_behind
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers.run import PROGRAMS, free_port, launch_process, left_behind, wait_for
 
 TWO_RANKS = [sys.executable, os.path.join(PROGRAMS, "two_ranks.py")]
 
 
-def launch(run_dir, *command: str, options=()) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-                             *options, "--", *command], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def hang_seen_for(port: int, seconds: float) -> bool:
+    """diag's own /metrics say it names a hang and has seen no progress for `seconds`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        samples = {sample.name: sample.value
+                   for family in text_string_to_metric_families(reply.read().decode())
+                   for sample in family.samples if not sample.labels}
+    return (samples.get("hangscope_hung") == 1
+            and samples.get("hangscope_progress_age_seconds", 0) >= seconds)
 
 
 def test_ranks_that_end_normally_are_exited_in_the_summary_and_the_report(tmp_path):
-    done = launch(tmp_path / "run", *TWO_RANKS, "clean")
+    done = launch_process(tmp_path / "run", [*TWO_RANKS, "clean"])
     out, err = done.communicate(timeout=60)
     assert done.returncode == 0, err
     assert "rank 0: 5 steps done" in err and "rank 1: 5 steps done" in err  # the output, as it came
@@ -33,13 +38,16 @@ def test_ranks_that_end_normally_are_exited_in_the_summary_and_the_report(tmp_pa
 
 def test_a_hang_is_printed_once_however_long_it_lasts(tmp_path):
     run_dir = tmp_path / "run"
-    diag = launch(run_dir, *TWO_RANKS, "hang", options=("--on-hang", "report", "--stall-timeout", "0.5"))
+    port = free_port()
+    diag = launch_process(run_dir, [*TWO_RANKS, "hang"], "--on-hang", "report",
+                          "--stall-timeout", "0.5", "--metrics-port", port)
     try:
-        deadline = time.monotonic() + 30
-        while not (run_dir / "report.json").exists():   # written at the hang, with its dumps
-            assert time.monotonic() < deadline and diag.poll() is None
-            time.sleep(0.1)
-        time.sleep(3.0)        # three more seconds of the same hang: "for 4 s", "for 5 s", ...
+        # written at the hang, with its dumps; then diag sees the same hang for 3 s
+        # more of its polls: "for 4 s", "for 5 s", ...
+        wait_for(lambda: diag.poll() is not None or (run_dir / "report.json").exists(), 30,
+                 what="report.json")
+        assert diag.poll() is None
+        wait_for(lambda: hang_seen_for(port, 4.0), 60, what="4 s of the hang on /metrics")
         diag.send_signal(signal.SIGTERM)
         _, err = diag.communicate(timeout=30)
     finally:
@@ -52,8 +60,8 @@ def test_a_hang_is_printed_once_however_long_it_lasts(tmp_path):
 
 
 def test_a_command_that_fails_before_any_rank_started_says_so_and_is_a_crash(tmp_path):
-    done = launch(tmp_path / "run", sys.executable, "-c",
-                  "print('starting'); import no_such_module_for_diag")
+    done = launch_process(tmp_path / "run", [sys.executable, "-c",
+                                             "print('starting'); import no_such_module_for_diag"])
     out, err = done.communicate(timeout=60)
     assert done.returncode == 4         # the command's own 1 is in the line below
     lines = err.splitlines()

@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from engine.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
-from live_log import text_so_far
-from peers import until_closed
+from helpers.live_log import text_so_far
+from helpers.peers import until_closed
+from helpers.run import free_port, wait_for
 
 PROMPTS = ["Hello, my name is", "1 2 3"]
 ENGINE = [sys.executable, "-m", "engine"]
@@ -28,19 +29,6 @@ TP2PP2 = ["--model", "tiny-llama", "-tp", "2", "-pp", "2"]
 TOKEN = "engine-test-token"
 NO_TOKEN_ERROR = (f"error: a multi-node run needs the shared token in {TOKEN_VAR} "
                   f"(8 characters or more), the same on every node")
-
-
-def _free_port_pair() -> int:
-    """A port P with P + 1 free too (the rendezvous and the head's node link)."""
-    while True:
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def _generate_args(max_tokens: int) -> list[str]:
@@ -59,7 +47,7 @@ def _start(argv: list[str], token: str | None = TOKEN) -> subprocess.Popen:
 
 
 def _start_nodes(max_tokens: int, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-    nodes = ["--nnodes", "2", "--master-port", str(_free_port_pair()), *extra]
+    nodes = ["--nnodes", "2", "--master-port", str(free_port(consecutive=2)), *extra]
     node1 = _start(["generate", *TP2PP2, *nodes, "--node-rank", "1"])
     head = _start([*_generate_args(max_tokens), *TP2PP2, *nodes, "--node-rank", "0"])
     return head, node1
@@ -81,14 +69,21 @@ def _node_workers(node: subprocess.Popen, count: int, timeout: float = 30) -> li
     raise AssertionError(f"node 1 did not start {count} workers")
 
 
-def _wait_until_connected(worker: psutil.Process, peers: int = 3, timeout: float = 60) -> None:
-    """Until the worker's gloo links to its peers are up, then a little more: the kill
-    then lands in warm-up or generation (both must end the same way)."""
-    deadline = time.monotonic() + timeout
-    while len([c for c in worker.net_connections() if c.status == psutil.CONN_ESTABLISHED]) < peers:
-        assert time.monotonic() < deadline, "the worker never connected to its peers"
-        time.sleep(0.05)
-    time.sleep(2)
+def _at_work(worker: psutil.Process, *nodes: subprocess.Popen,
+             peers: int = 3) -> tuple[list[psutil.Process], set[str]]:
+    """The nodes' processes and the shared memory they map, once the worker's gloo
+    links to its peers are up and the nodes map their broadcast rings: a kill then
+    lands in warm-up or generation (both must end the same way)."""
+    wait_for(lambda: len([c for c in worker.net_connections()
+                          if c.status == psutil.CONN_ESTABLISHED]) >= peers,
+             60, what="the worker's links to its peers")
+    return wait_for(lambda: _mapped_family(*nodes), 60, what="the nodes' broadcast rings")
+
+
+def _mapped_family(*nodes: subprocess.Popen) -> tuple[list[psutil.Process], set[str]] | None:
+    family = _family(*nodes)
+    segments = _shm_mapped(family)
+    return (family, segments) if segments else None
 
 
 def _shm_mapped(procs: list[psutil.Process]) -> set[str]:
@@ -134,8 +129,7 @@ def test_killed_worker_on_node_1_ends_both_nodes():
     head, node1 = _start_nodes(10_000)
     try:
         rank2, rank3 = _node_workers(node1, 2)
-        _wait_until_connected(rank3)
-        family, segments = _family(head, node1), _shm_mapped(_family(head, node1))
+        family, segments = _at_work(rank3, head, node1)
         rank3.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         _, head_err = head.communicate(timeout=20)
@@ -152,8 +146,7 @@ def test_killed_worker_on_node_1_ends_both_nodes():
 def test_sigterm_on_node_1_stops_it_and_the_head_names_the_node():
     head, node1 = _start_nodes(10_000)
     try:
-        _wait_until_connected(_node_workers(node1, 2)[1])
-        family, segments = _family(head, node1), _shm_mapped(_family(head, node1))
+        family, segments = _at_work(_node_workers(node1, 2)[1], head, node1)
         node1.send_signal(signal.SIGTERM)
         _, node_err = node1.communicate(timeout=10)
         _, head_err = head.communicate(timeout=10)
@@ -166,7 +159,7 @@ def test_sigterm_on_node_1_stops_it_and_the_head_names_the_node():
 
 
 def test_node_that_never_joins_fails_the_head():
-    port = str(_free_port_pair())
+    port = str(free_port(consecutive=2))
     started = time.monotonic()
     proc = subprocess.run(ENGINE + _generate_args(4) + TP2PP2 + [
         "--nnodes", "2", "--master-port", port, "--node-timeout", "1"],
@@ -180,7 +173,7 @@ def test_node_that_never_joins_fails_the_head():
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_headless_node_without_a_head_fails(command):
-    port = _free_port_pair()
+    port = free_port(consecutive=2)
     proc = subprocess.run(ENGINE + [command, "--model", "tiny-llama", *TP2PP2, "--nnodes", "2",
                                     "--node-rank", "1", "--master-port", str(port), "--node-timeout", "1"],
                           capture_output=True, text=True, timeout=60, env=_env())
@@ -190,7 +183,7 @@ def test_headless_node_without_a_head_fails(command):
 
 
 def test_mismatched_node_is_refused_on_both_sides():
-    port = str(_free_port_pair())
+    port = str(free_port(consecutive=2))
     node1 = _start(["generate", "--model", "tiny-llama", "-tp", "2", "--nnodes", "2",
                     "--node-rank", "1", "--master-port", port])
     head = _start(_generate_args(4) + TP2PP2 + ["--nnodes", "2", "--master-port", port])
@@ -225,7 +218,7 @@ def test_bad_node_flags_are_one_line_errors(argv, message):
 def test_a_multi_node_run_needs_the_token(node_rank, token):
     argv = _generate_args(4) if node_rank == 0 else ["generate"]
     proc = subprocess.run(ENGINE + argv + TP2PP2 + [
-        "--nnodes", "2", "--node-rank", str(node_rank), "--master-port", str(_free_port_pair())],
+        "--nnodes", "2", "--node-rank", str(node_rank), "--master-port", str(free_port(consecutive=2))],
         capture_output=True, text=True, timeout=60, env=_env(token))
     assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [NO_TOKEN_ERROR]
 
@@ -275,7 +268,7 @@ def marker(tmp_path_factory) -> str:
 def waiting_head(marker):
     """One head for every attack; at the end node 1 joins, and the run must end as if
     nothing had happened."""
-    port = _free_port_pair()
+    port = free_port(consecutive=2)
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(ENGINE + _generate_args(4) + TP2PP2 + [
         "--nnodes", "2", "--master-port", str(port), "--node-timeout", "120"],

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from test_generic import PROGRAMS, REPO, free_port, left_behind
-from test_multinode import _free_port_pair
+from helpers.run import PROGRAMS, REPO, free_port, left_behind
 
 TOKEN = "test-token-4f1c"
 ENGINE_TOKEN = "engine-token-9d2e"   # the engine's own node link
@@ -42,7 +41,7 @@ class TwoNodes:
                  node1_token=TOKEN, node1_flags=()):
         self.head_dir, self.node_dir = tmp_path / "head", tmp_path / "node1"
         self.report = tmp_path / "head-report.json"
-        master, listen = _free_port_pair(), free_port()
+        master, listen = free_port(consecutive=2), free_port()
         env = dict(os.environ, TOY_FAULT=toy_fault, TOY_STEPS=str(toy_steps),
                    DIAG_NODE_TOKEN=TOKEN, ENGINE_NODE_TOKEN=ENGINE_TOKEN)
         self.head = self._start(0, ["--listen", f"127.0.0.1:{listen}", "--on-hang", "kill",

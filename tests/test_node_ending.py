@@ -8,8 +8,8 @@ import pytest
 
 from diagnose.core.snapshot import Stop
 from diagnose.launch.nodes import NodeAgent, NodeHub, NodeReport, merge
-from synthetic import Job
-from test_generic import free_port
+from helpers.synthetic import Job
+from helpers.run import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """For the people on call: one real hang of our engine at tp=2 pp=2 under `diag
-launch --metrics-port --on-hang dump,kill:5,exec:HOOK` (tests/oncall_run.py),
+launch --metrics-port --on-hang dump,kill:5,exec:HOOK` (tests/helpers/oncall_run.py),
 watched as monitoring would: /health polled every 0.1 s, and a real Prometheus
 (Debian's package) scraping /metrics every second with the shipped alert rules
 (deploy/prometheus/hangscope-alerts.yml). The Prometheus checks skip, with the
@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from diagnose.launch.ending import ENDED_MARK
-from oncall_run import REPO, run_hung
-from prometheus_server import missing
-from test_generic import left_behind
+from helpers.oncall_run import REPO, run_hung
+from helpers.prometheus_server import missing
+from helpers.run import left_behind
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Verdict
 from diagnose.launch.collector import Collector
 from diagnose.offline.flight_recorder import read_fr_dir
-from synthetic import Job
-from test_flight_recorder import nccl_dump, nccl_entry
+from helpers.synthetic import Job
+from helpers.fr_dumps import nccl_dump, nccl_entry
 
 POST_MORTEM = Thresholds(stall_s=0.0)
 WORLD = ("0", "default_pg")

@@ -1,37 +1,28 @@
 """`diag launch --mark` around a plain Python program: no torch.distributed, no
 probe call of its own; the process is rank 0 of 1 once its mark is called. And
 what diag says while it waits for a probe or a mark that has not fired."""
-import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from test_generic import left_behind
+from helpers.run import PROGRAMS, launch
 
 pytestmark = pytest.mark.e2e
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROGRAMS = os.path.join(REPO, "tests", "programs")
 MARK = "plain_steps:Server.step"
 DETECT_S = 5.0
 
 
-def launch(tmp_path, command, env=(), on_hang="kill"):
-    run_dir, report = tmp_path / "run", tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-         "--on-hang", on_hang, "-o", str(report), "--mark", MARK, "--", *command],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=PROGRAMS, **dict(env)),
-        capture_output=True, text=True, timeout=90)
-    assert not left_behind(run_dir)
-    return done, json.loads(report.read_text()), run_dir
+def launch_marked(tmp_path, command, env=(), on_hang="kill"):
+    """diag launch --mark MARK, with tests/programs importable by the command."""
+    return launch(tmp_path, command, "--mark", MARK, on_hang=on_hang, timeout=90,
+                  env={"PYTHONPATH": PROGRAMS, **dict(env)})
 
 
 def test_mark_alone_names_the_stuck_function(tmp_path):
-    done, body, run_dir = launch(tmp_path, [sys.executable, os.path.join(PROGRAMS, "plain_server.py")],
+    done, body, run_dir = launch_marked(tmp_path, [sys.executable, os.path.join(PROGRAMS, "plain_server.py")],
                                  env={"PLAIN_STALL_AT": "3"})
     assert done.returncode == 1, done.stderr[-2000:]   # a verdict
     verdict = body["verdicts"][0]
@@ -46,7 +37,7 @@ def test_mark_alone_names_the_stuck_function(tmp_path):
 
 
 def test_plain_program_that_ends_is_healthy(tmp_path):
-    done, body, run_dir = launch(tmp_path, [sys.executable, os.path.join(PROGRAMS, "plain_server.py")],
+    done, body, run_dir = launch_marked(tmp_path, [sys.executable, os.path.join(PROGRAMS, "plain_server.py")],
                                  env={"PLAIN_STEPS": "20"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert body["verdicts"] == []
@@ -55,7 +46,7 @@ def test_plain_program_that_ends_is_healthy(tmp_path):
 
 def test_waiting_for_a_probe_and_for_a_mark_is_said_once(tmp_path):
     idle = "import plain_steps, time; time.sleep(13)"
-    done, body, run_dir = launch(tmp_path, [sys.executable, "-c", idle], on_hang="report")
+    done, body, run_dir = launch_marked(tmp_path, [sys.executable, "-c", idle], on_hang="report")
     assert done.returncode == 0, done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("diag: ")]
     waiting = [line for line in said if "has started the probe after" in line]

@@ -13,62 +13,15 @@ from pathlib import Path
 import pytest
 
 from diagnose.core import runfile
-from collecting import collect
+from helpers.collecting import collect, rank_in_phase
+from helpers.run import wait_for
 from diagnose.launch import collector
 from diagnose.launch.py_spy import py_spy_dump
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def run_dir(tmp_path):
-    path = tmp_path / "run"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def spawn(tmp_path, run_dir):
-    """Starts `script` (dedented) as a process with the probe on; kills leftovers."""
-    children = []
-
-    def start(script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-        path = tmp_path / f"child{len(children)}.py"
-        path.write_text(textwrap.dedent(script))
-        child_env = {**os.environ, "PYTHONPATH": str(REPO), "DIAG_RUN_DIR": str(run_dir),
-                     **(env or {})}
-        child = subprocess.Popen([sys.executable, str(path), *args], env=child_env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.communicate()
-
-
 STARTUP_S = 180.0   # a deadline, not a wait: wait_for returns once the condition holds
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Polls until predicate() is truthy and returns its value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def rank_in_phase(run_dir, rank: int, name: str, step=None):
-    """The rank's state once its innermost open phase is (name, step), else None."""
-    state = collect(str(run_dir)).ranks.get(rank)
-    if state and state.phase and (state.phase.name, state.phase.step) == (name, step):
-        return state
-    return None
 
 
 TP_CHILD = """
@@ -164,9 +117,8 @@ def test_heartbeat_goes_on_while_the_main_thread_is_blocked(spawn, run_dir, bloc
     spawn(BLOCKED_CHILD, blocked_in)
     wait_for(lambda: rank_in_phase(run_dir, 0, "forward", 7), what="forward step 7")
     before = heartbeats(run_dir)
-    time.sleep(0.6)
+    wait_for(lambda: heartbeats(run_dir) >= before + 3, what="3 heartbeats more")
     state = collect(str(run_dir)).ranks[0]
-    assert heartbeats(run_dir) >= before + 3
     assert time.time() - state.heartbeat_at < 0.5
     function = "wait_in_sleep" if blocked_in == "sleep" else "wait_on_lock"
     assert state.frame.endswith(f" {function}"), state.frame
@@ -230,7 +182,7 @@ def test_probe_is_off_without_run_dir(tmp_path):
             with probe.collective("tp0", "all_reduce", []) as record:
                 assert record.skip is False
         probe.kv_stats(1, 2, 3, 4, 5, 6)
-        assert probe._probe is None
+        assert not probe.is_on()
     """)
     env = {key: value for key, value in os.environ.items() if key != "DIAG_RUN_DIR"}
     env["PYTHONPATH"] = str(REPO)

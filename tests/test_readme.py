@@ -18,8 +18,8 @@ import pytest
 
 from diagnose.cli import build_parser
 from engine.__main__ import parse as parse_engine
-from test_generic import free_port, left_behind
-from test_tui_e2e import Terminal
+from helpers.run import free_port, left_behind
+from helpers.terminal import Terminal
 
 pytestmark = pytest.mark.e2e
 

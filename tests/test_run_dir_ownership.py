@@ -4,11 +4,11 @@ make (no marker of diag's) is refused whole if it holds anything, and so are
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from diagnose.launch import claim, dump
+from helpers.run import diag
 
 pytestmark = pytest.mark.e2e
 
@@ -16,11 +16,6 @@ pytestmark = pytest.mark.e2e
 CANARIES = ["data.probe", "0.probe", "marks.jsonl", "node-config.json", "report.json",
             "exit.json", "output.log", "launch.json", "launch.lock", "stacks-0.json",
             "error-1.json", "fatal-2.txt"]
-
-
-def diag(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *argv], capture_output=True,
-                          text=True, timeout=60, env=env)
 
 
 def tree(root) -> dict[str, tuple]:
@@ -116,7 +111,6 @@ def test_in_a_run_dir_of_diags_a_directory_by_a_file_name_of_diags_is_refused(tm
 def test_a_dump_never_overwrites_a_file_of_the_same_name(tmp_path, monkeypatch):
     monkeypatch.setattr(dump.time, "strftime", lambda _: "20250101-120000")
     (tmp_path / "dump-20250101-120000.json").write_text("theirs")
-    path, sink = dump._new_dump_file(str(tmp_path))
-    sink.close()
-    assert path == str(tmp_path / "dump-20250101-120000-1.json")
+    body = dump.dump_run(str(tmp_path))
+    assert body["path"] == str(tmp_path / "dump-20250101-120000-1.json")
     assert (tmp_path / "dump-20250101-120000.json").read_text() == "theirs"

@@ -6,20 +6,15 @@ stages began the hung step after the snapshot, and each of 9,336 ranks was
 named never_reached."""
 import json
 import pathlib
-import subprocess
-import sys
 import tempfile
 
 import pytest
 
+from helpers.run import diag
+
 pytestmark = pytest.mark.e2e
 
 RANKS, CULPRIT = 16384, 12000
-
-
-def diag(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_diag_analyze_names_the_culprit_of_16384_ranks():
@@ -30,10 +25,10 @@ def test_diag_analyze_names_the_culprit_of_16384_ranks():
 def check_ranks(run: pathlib.Path) -> None:
     """Outside pytest's tmp_path: a run of minutes outlives the basetemp that
     other pytest sessions of the same user rotate away."""
-    made = diag("synth", run, "--ranks", RANKS, "--culprit", CULPRIT)
+    made = diag("synth", run, "--ranks", RANKS, "--culprit", CULPRIT, timeout=600)
     assert made.returncode == 0, made.stderr
     assert len(list(run.glob("rank-*.probe"))) == RANKS
-    result = diag("analyze", run, "--json")
+    result = diag("analyze", run, "--json", timeout=600)
     assert result.returncode == 1, result.stderr
     verdicts = json.loads(result.stdout)["verdicts"]
     assert [(verdict["kind"], verdict["culprit_ranks"]) for verdict in verdicts] \

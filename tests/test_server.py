@@ -11,14 +11,10 @@ import json
 import os
 import random
 import re
-import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
-from typing import IO
 
 import aiohttp
 import openai
@@ -27,84 +23,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader import resolve_model
-from live_log import text_so_far
+from helpers.engine_server import (MAX_MODEL_LEN, SHORT, START_TIMEOUT_S, Server, http_get,
+                                   start_server, stop_server)
+from helpers.run import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-START_TIMEOUT_S = 120
-MAX_MODEL_LEN = 256
-SHORT = ("--max-model-len", str(MAX_MODEL_LEN))
 TINY_MAX_MODEL_LEN = 4000       # `--max-model-len 4k`: k is 1000 to vLLM, K 1024
 # vllm/v1/metrics/buckets.py of vLLM 0.32: INTER_TOKEN_LATENCY_BUCKETS
 VLLM_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    model: str
-    log: IO[bytes]
-
-    def log_text(self) -> str:
-        return text_so_far(self.log)
-
-    def stderr(self) -> str:
-        return self.log_text()[-4000:]
-
-    def log_lines_once(self, pattern: re.Pattern, timeout_s: float = 10.0) -> list[str]:
-        """The log's lines once one of them matches `pattern` in full, or at `timeout_s`.
-
-        aiohttp writes a request's access line after the response has gone out, so a
-        client that has its answer can read the log a moment before the line is there.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lines = self.log_text().splitlines()
-            if any(pattern.fullmatch(line) for line in lines) or time.monotonic() > deadline:
-                return lines
-            time.sleep(0.05)
-
-    def descendants(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
-
-
-def _start(model: str, *flags: str, host: str | None = "127.0.0.1") -> Server:
-    """`python -m engine serve MODEL FLAGS` on any free port; host None: vLLM's default."""
-    log = tempfile.TemporaryFile()
-    cmd = [sys.executable, "-m", "engine", "serve", model, "--port", "0", *flags,
-           *(["--host", host] if host else [])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    if not selector.select(timeout=START_TIMEOUT_S):
-        proc.kill()
-        raise AssertionError(f"server did not start within {START_TIMEOUT_S} s")
-    line = proc.stdout.readline().decode()
-    server = Server(proc, line.split(" on ")[-1].strip(), model, log)
-    if not line.startswith("serving"):
-        proc.wait(timeout=30)
-        raise AssertionError(f"server failed to start: {line!r}\n{server.stderr()}")
-    assert _get(server, "/health") == (200, '{"status": "ok"}')
-    return server
-
-
-def _stop(server: Server, sig: signal.Signals = signal.SIGTERM) -> None:
-    """The server must exit by itself on `sig`, and leave no process or shared memory."""
-    procs = [psutil.Process(server.proc.pid), *server.descendants()]
-    shm = {m.path for p in procs for m in _maps(p) if m.path.startswith("/dev/shm/")}
-    server.proc.send_signal(sig)
-    try:
-        code = server.proc.wait(timeout=30)
-    finally:
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for proc in alive:
-            proc.kill()
-    assert not alive, f"left behind: {alive}"
-    assert code == 0, server.stderr()
-    assert not [path for path in shm if os.path.exists(path)]
-    server.proc.stdout.close()
-    server.log.close()
 
 
 def _rank_pids(server: Server) -> list[int]:
@@ -114,28 +40,21 @@ def _rank_pids(server: Server) -> list[int]:
     return [p.pid for p in sorted(workers, key=lambda p: (p.create_time(), p.pid))]
 
 
-def _maps(proc: psutil.Process):
-    try:
-        return proc.memory_maps(grouped=False)
-    except psutil.Error:
-        return []
-
-
 @pytest.fixture(scope="module")
 def tiny():
     """Started with a command line as vLLM's docs write them: the model positional, a
     suffixed length, -tp, and a flag with underscores."""
-    server = _start("tiny-llama", "--max-model-len", "4k", "-tp", "2", "--pipeline_parallel_size", "2",
+    server = start_server("tiny-llama", "--max-model-len", "4k", "-tp", "2", "--pipeline_parallel_size", "2",
                     "--num-gpu-blocks-override", "1025")   # the KV cache of 64 requests of 256 tokens
     yield server
-    _stop(server)
+    stop_server(server)
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    server = _start("smollm2-135m", *SHORT)
+    server = start_server("smollm2-135m", *SHORT)
     yield server
-    _stop(server)
+    stop_server(server)
 
 
 def _client(server: Server) -> openai.OpenAI:
@@ -145,7 +64,7 @@ def _client(server: Server) -> openai.OpenAI:
 def _metrics(server: Server) -> dict[str, float]:
     """/metrics, read by prometheus_client's own parser, as sample name -> value; a sample
     with labels beyond model_name and engine is named `name{label=value,...}`."""
-    text = _get(server, "/metrics")[1]
+    text = http_get(server, "/metrics")[1]
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -155,17 +74,10 @@ def _metrics(server: Server) -> dict[str, float]:
     return values
 
 
-def _get(server: Server, path: str) -> tuple[int, str]:
-    async def get():
-        async with aiohttp.ClientSession() as session, session.get(server.url + path) as r:
-            return r.status, await r.text()
-    return asyncio.run(get())
-
-
 def _generate_cli(model: str, prompt: str, max_tokens: int, *flags: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", model, "--prompt", prompt,
                           "--max-tokens", str(max_tokens), "--json", *flags],
-                         cwd=ROOT, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+                         cwd=REPO, capture_output=True, text=True, timeout=START_TIMEOUT_S)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -345,7 +257,7 @@ def test_metrics_parse_with_prometheus_client_and_carry_vllm_names(tiny):
     assert itl_bounds == [*VLLM_ITL_BUCKETS, float("inf")]
     assert after["vllm:kv_cache_usage_perc"] == after["vllm:num_requests_running"] == 0
     assert after["vllm:prefix_cache_queries_total"] >= after["vllm:prefix_cache_hits_total"]
-    kinds = {f.name: f.type for f in text_string_to_metric_families(_get(tiny, "/metrics")[1])}
+    kinds = {f.name: f.type for f in text_string_to_metric_families(http_get(tiny, "/metrics")[1])}
     assert kinds.items() >= {
         "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
         "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
@@ -368,7 +280,7 @@ def test_metrics_speak_openmetrics_when_asked(tiny):
 
 def test_the_log_says_what_is_served_where_and_each_request(tiny):
     assert tiny.url.startswith("http://127.0.0.1:")
-    _get(tiny, "/v1/models?x=1")
+    http_get(tiny, "/v1/models?x=1")
     access = re.compile(r'INFO \d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 "GET /v1/models\?x=1 HTTP/1\.1" 200 '
                         r"\d+\.\d{3} s")
     lines = tiny.log_lines_once(access)
@@ -433,7 +345,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tiny):
         assert set(got["error"]) == {"message", "type", "param", "code"} and got["error"]["message"]
     with pytest.raises(openai.NotFoundError, match="gpt-4"):
         _client(tiny).completions.create(model="gpt-4", prompt="hi")
-    assert _get(tiny, "/health")[0] == 200
+    assert http_get(tiny, "/health")[0] == 200
     assert _client(tiny).completions.create(model=tiny.model, prompt="fine", max_tokens=3).usage.completion_tokens
 
 
@@ -493,7 +405,7 @@ def test_a_hostile_request_fails_alone_and_the_next_one_is_served(tiny, name):
     assert (got_status, got["error"]["param"]) == (status, param), got
     assert set(got["error"]) == {"message", "type", "param", "code"} and got["error"]["message"]
     assert _client(tiny).completions.create(model=tiny.model, prompt="next", max_tokens=2).usage
-    assert _get(tiny, "/health") == (200, '{"status": "ok"}')
+    assert http_get(tiny, "/health") == (200, '{"status": "ok"}')
 
 
 def test_a_tiny_temperature_samples_greedily(tiny):
@@ -506,8 +418,8 @@ def test_a_tiny_temperature_samples_greedily(tiny):
 
 def test_models_and_health(tiny):
     assert [m.id for m in _client(tiny).models.list()] == ["tiny-llama"]
-    assert json.loads(_get(tiny, "/v1/models")[1])["data"][0]["max_model_len"] == TINY_MAX_MODEL_LEN
-    assert _get(tiny, "/health") == (200, '{"status": "ok"}')
+    assert json.loads(http_get(tiny, "/v1/models")[1])["data"][0]["max_model_len"] == TINY_MAX_MODEL_LEN
+    assert http_get(tiny, "/health") == (200, '{"status": "ok"}')
 
 
 # -- shutdown and a worker that dies -------------------------------------------------------
@@ -518,12 +430,12 @@ def fresh_server():
     servers = []
 
     def start(model: str, *flags: str, host: str | None = "127.0.0.1") -> Server:
-        servers.append(_start(model, *SHORT, *flags, host=host))
+        servers.append(start_server(model, *SHORT, *flags, host=host))
         return servers[-1]
     yield start
     for server in servers:
         if server.proc.poll() is None:
-            _stop(server)
+            stop_server(server)
 
 
 def test_sigint_ends_running_requests_and_leaves_nothing_behind(fresh_server):
@@ -534,7 +446,7 @@ def test_sigint_ends_running_requests_and_leaves_nothing_behind(fresh_server):
     stream = _client(server).completions.create(model=server.model, prompt="x", max_tokens=MAX_MODEL_LEN - 4,
                                                 stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))
-    _stop(server, signal.SIGINT)
+    stop_server(server, signal.SIGINT)
     with pytest.raises(openai.APIError, match="shutting down"):
         for _ in stream:
             pass
@@ -551,7 +463,7 @@ def test_killed_worker_fails_health_and_requests_naming_the_rank(fresh_server):
     with pytest.raises(openai.APIError, match="rank 1"):
         for _ in stream:
             pass
-    status, body = _get(server, "/health")
+    status, body = http_get(server, "/health")
     assert status == 503 and "rank 1" in body
     assert time.monotonic() - killed < 5
     for stream in (False, True):

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from test_server import SHORT, _get, _start, _stop
+from helpers.engine_server import SHORT, http_get, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -26,10 +26,10 @@ SENTENCE = "The quick brown fox jumps over the lazy dog. "
 
 @pytest.fixture(scope="module")
 def server():
-    started = _start("smollm2-135m", *SHORT, "--max-prompt-chars", "2M",
+    started = start_server("smollm2-135m", *SHORT, "--max-prompt-chars", "2M",
                      "--idle-timeout", str(IDLE_S))
     yield started
-    _stop(started)
+    stop_server(started)
 
 
 def text_of(chars: int) -> str:
@@ -79,7 +79,7 @@ def test_a_prompt_over_the_cap_is_a_400_that_names_the_limit(server, path, field
     error = answer["error"]
     assert (error["code"], error["param"]) == ("prompt_too_long", field)
     assert f"at most {CAP} per request (--max-prompt-chars)" in error["message"]
-    assert _get(server, "/health")[0] == 200
+    assert http_get(server, "/health")[0] == 200
 
 
 def _raw(server) -> socket.socket:
@@ -115,7 +115,7 @@ def test_a_connection_without_a_whole_request_is_closed_after_the_idle_timeout(s
     with _raw(server) as sock:
         took_s = _closed_after(sock, trickle)
     assert IDLE_S - 0.5 <= took_s <= IDLE_S + CLOSE_SLACK_S
-    assert _get(server, "/health")[0] == 200
+    assert http_get(server, "/health")[0] == 200
 
 
 def test_a_body_that_trickles_is_answered_408(server):

@@ -3,7 +3,7 @@ call where a skipped one surfaced."""
 from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Identity
-from synthetic import Job
+from helpers.synthetic import Job
 
 TRAIN, END = "train.py:10 step", "train.py:20 main"
 

@@ -8,8 +8,7 @@ from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import ActivitySample, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
-from synthetic import OP_S, Job
-from test_unseen_waits import compiled_step, vllm_tp2
+from helpers.synthetic import OP_S, Job, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
 

@@ -1,31 +1,21 @@
 """What each rank is doing, read by diag launch from real processes (py-spy): a real
 gloo job whose all-reduce the probe cannot see (tests/programs/gloo_states.py),
 and our engine with a rank that raises inside execute_model."""
-import json
 import subprocess
 import sys
 
 import pytest
 
-from test_fault_matrix import ENGINE, PROMPTS, _run_dir_processes
+from helpers.run import ENGINE, PROMPTS, launch
 
 pytestmark = pytest.mark.e2e
 
 PROGRAM = [sys.executable, "tests/programs/gloo_states.py"]
 
 
-def launch(tmp_path, command: list[str], *flags: str, timeout: int = 300) -> dict:
-    run_dir = str(tmp_path / "run")
-    report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "diagnose.cli", "launch", "--on-hang", "kill",
-                           "--run-dir", run_dir, "-o", str(report), *flags, "--", *command],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**__import__("os").environ,
-                               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
-    assert not _run_dir_processes(run_dir), "processes of the run are still alive"
-    body = json.loads(report.read_text())
-    body["exit_code"], body["stderr"], body["run_dir"] = proc.returncode, proc.stderr, run_dir
-    return body
+def launch_states(tmp_path, command: list[str], *flags: str, timeout: int = 300) -> dict:
+    return launch(tmp_path, command, *flags, timeout=timeout,
+                  env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}).body()
 
 
 def kinds(body: dict) -> list[tuple[str, list[int], list[int]]]:
@@ -33,7 +23,7 @@ def kinds(body: dict) -> list[tuple[str, list[int], list[int]]]:
 
 
 def test_a_rank_sleeping_in_its_step_is_the_culprit_and_its_waiting_peer_a_victim(tmp_path):
-    body = launch(tmp_path, PROGRAM + ["sleep"])
+    body = launch_states(tmp_path, PROGRAM + ["sleep"])
     assert kinds(body)[:1] == [("stuck_in_phase", [0], [1])], body["stderr"][-3000:]
     assert all(verdict["culprit_ranks"] == [0] for verdict in body["verdicts"])
     states = body["verdicts"][0]["evidence"]["states"]
@@ -42,7 +32,7 @@ def test_a_rank_sleeping_in_its_step_is_the_culprit_and_its_waiting_peer_a_victi
 
 
 def test_a_caught_exception_is_the_culprit_with_the_exception_named(tmp_path):
-    body = launch(tmp_path, PROGRAM + ["raise"])
+    body = launch_states(tmp_path, PROGRAM + ["raise"])
     assert kinds(body) == [("raised", [0], [1])], body["stderr"][-3000:]
     verdict = body["verdicts"][0]
     assert "RuntimeError: rank 0 failed inside its step (gloo_states raise)" in verdict["summary"]
@@ -51,14 +41,14 @@ def test_a_caught_exception_is_the_culprit_with_the_exception_named(tmp_path):
 
 
 def test_a_compile_inside_a_step_is_progress_not_a_hang(tmp_path):
-    body = launch(tmp_path, PROGRAM + ["compile"], timeout=500)
+    body = launch_states(tmp_path, PROGRAM + ["compile"], timeout=500)
     assert body["verdicts"] == [], body["stderr"][-3000:]
     assert body["exit_code"] == 0 and body["command_exit"] == 0
     assert body["crashed"] is None
 
 
 def test_our_engine_a_rank_raising_inside_execute_model_is_raised_with_its_exception(tmp_path):
-    body = launch(tmp_path, ENGINE[:6] + ["-tp", "2", "-pp", "1", "--ignore-eos", *PROMPTS[:2]],
+    body = launch_states(tmp_path, ENGINE[:6] + ["-tp", "2", "-pp", "1", "--ignore-eos", *PROMPTS[:2]],
                   "--fault", "rank=1,at=execute_model,step=3,kind=raise")
     culprits = [(kind, culprit) for kind, culprit, _ in kinds(body)]
     assert culprits == [("raised", [1])], body["stderr"][-3000:]

@@ -14,13 +14,9 @@ from diagnose.offline import synth
 from diagnose.analysis import analyze
 from diagnose.launch.collector import Collector
 from diagnose.offline.flight_recorder import load_dump
+from helpers.run import diag
 
 RANKS, TP, CULPRIT = 32, 4, 13
-
-
-def diag(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("kind", synth.KINDS)

@@ -3,47 +3,12 @@ rank 6 hangs before its first execute_model): the screen must show rank 6 as
 the culprit; q, then s (stop the job) must end everything."""
 import re
 import sys
-import time
 from pathlib import Path
 
 import pexpect
 import psutil
-import pyte
 
-COLUMNS, LINES = 160, 48
-
-
-class Terminal:
-    """A pty running the command, read through a VT100 emulator."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], columns: int = COLUMNS,
-                 lines: int = LINES):
-        self.screen = pyte.Screen(columns, lines)
-        self.stream = pyte.ByteStream(self.screen)
-        self.child = pexpect.spawn(argv[0], argv[1:], env=env, dimensions=(lines, columns))
-
-    def text(self) -> str:
-        return "\n".join(self.screen.display)
-
-    def read(self, timeout: float) -> bool:
-        """What the child wrote within `timeout`, onto the screen; False at its end."""
-        try:
-            self.stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
-        except pexpect.TIMEOUT:
-            pass
-        except pexpect.EOF:
-            return False
-        return True
-
-    def wait_for(self, pattern: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.read(0.2):
-                break
-            if re.search(pattern, self.text()):
-                return self.text()
-        raise AssertionError(f"{pattern!r} not on screen:\n{self.text()}")
-
+from helpers.terminal import Terminal
 
 def test_tui_names_rank6_and_quits_cleanly(tmp_path):
     run_dir = str(tmp_path / "run")

@@ -10,8 +10,8 @@ import time
 import pexpect
 import pytest
 
-from test_generic import left_behind
-from test_tui_e2e import Terminal
+from helpers.run import left_behind
+from helpers.terminal import Terminal
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import pytest
 
 from diagnose.analysis import analyze
 from diagnose.core.vocab import Phase
-from synthetic import Job
-from test_tui import (SIZE, TP, PP, RecordingController, SyntheticSource, offered,
+from helpers.synthetic import Job
+from helpers.tui_synthetic import (SIZE, TP, PP, RecordingController, SyntheticSource, offered,
                       rank6_never_reached, screen_text, started)
 from tui.app import DiagApp
 from tui.grid_model import DEAD, EXITED, build_grid

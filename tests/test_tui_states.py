@@ -9,8 +9,8 @@ import time
 import pytest
 
 from diagnose.core.snapshot import Snapshot
-from synthetic import Job
-from test_tui import (SIZE, SyntheticSource, offered, rank6_never_reached, screen_text, started,
+from helpers.synthetic import Job
+from helpers.tui_synthetic import (SIZE, SyntheticSource, offered, rank6_never_reached, screen_text, started,
                       until)
 from tui.app import DiagApp
 from tui.grid_model import build_grid

@@ -3,27 +3,7 @@ as in vLLM, whose TP all-reduce runs inside its compiled model: synthetic
 snapshots of that shape (execute_model phases, no collective records)."""
 from diagnose.analysis import analyze
 from diagnose.core.vocab import Phase
-from synthetic import OP_S, Job
-
-
-def compiled_step(job: Job, rank: int, step: int, start: float, end: float | None) -> None:
-    """A vLLM-like step: the dequeue that takes its message, then execute_model;
-    the all-reduces inside it are not seen."""
-    job.dequeue(rank, start, start + OP_S)
-    job.ranks[rank].ring_read += 1
-    job.phase(job.ranks[rank], Phase.EXECUTE_MODEL, start + OP_S, end, step)
-
-
-def vllm_tp2(steps: int, now_after: float) -> tuple[Job, float]:
-    job = Job(tp=2, pp=1)
-    t = job.everyone_started()
-    for step in range(steps):
-        job.driver_step(step, t, t + 0.1)
-        for rank in (0, 1):
-            compiled_step(job, rank, step, t, t + 0.09)
-        t += 0.12
-    job.now = t + now_after
-    return job, t
+from helpers.synthetic import OP_S, Job, compiled_step, vllm_tp2
 
 
 def test_the_peer_a_step_behind_is_named_not_the_rank_waiting_inside_the_compiled_model():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from collecting import collect
-from vllm_serving import PROMPT, VLLM, Server, free_port, make_checkpoint, serve_command
+from helpers.collecting import collect
+from helpers.vllm_serving import PROMPT, VLLM, Server, launch_vllm, make_checkpoint, serve_command
+from helpers.run import free_port
 
 pytestmark = [pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed "
                                  "here: run ./setup.sh --tests (CI does)"),
@@ -33,15 +33,6 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vllm-cache")
-
-
-def launch(tmp_path: Path, checkpoint: Path, cache: Path, tp: int = 2, pp: int = 1,
-           diag: tuple = ()) -> tuple[Server, Path]:
-    run_dir, port = tmp_path / "run", free_port()
-    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir),
-               *diag, "--", *serve_command(checkpoint, port, tp, pp)]
-    server = Server.start(command, port, cache, tp * pp, tmp_path / "diag.log")
-    return server, run_dir
 
 
 def report(run_dir: Path) -> dict:
@@ -73,7 +64,7 @@ def assert_nothing_left(checkpoint: Path, shm_before: set[str]) -> None:
 def test_tp2_rank0_that_never_reaches_its_4th_step_is_named_not_its_peer(tmp_path, checkpoint,
                                                                           cache):
     shm_before = shm_files()
-    server, run_dir = launch(tmp_path, checkpoint, cache, diag=(
+    server, run_dir = launch_vllm(tmp_path, checkpoint, cache, diag=(
         "--on-hang", "kill", "--fault", "rank=0,at=execute_model,step=3,kind=hang"))
     server.wait_ready()
     stop, texts = threading.Event(), []
@@ -94,7 +85,7 @@ def test_tp2_rank0_that_never_reaches_its_4th_step_is_named_not_its_peer(tmp_pat
 
 
 def test_tp2_pp2_last_stage_tp1_rank_is_the_only_culprit(tmp_path, checkpoint, cache):
-    server, run_dir = launch(tmp_path, checkpoint, cache, tp=2, pp=2, diag=(
+    server, run_dir = launch_vllm(tmp_path, checkpoint, cache, tp=2, pp=2, diag=(
         "--on-hang", "kill", "--fault", "rank=3,at=execute_model,step=1,kind=hang"))
     server.wait_ready()
     stop = threading.Event()
@@ -109,7 +100,7 @@ def test_tp2_pp2_last_stage_tp1_rank_is_the_only_culprit(tmp_path, checkpoint, c
 
 
 def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoint, cache):
-    server, run_dir = launch(tmp_path, checkpoint, cache, diag=("--on-hang", "kill"))
+    server, run_dir = launch_vllm(tmp_path, checkpoint, cache, diag=("--on-hang", "kill"))
     server.wait_ready()
     stop, texts = threading.Event(), []
     server.keep_busy(stop, texts)
@@ -140,7 +131,7 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     plain.interrupt()
     plain.finish()
 
-    server, run_dir = launch(tmp_path, checkpoint, cache, diag=("--on-hang", "kill",
+    server, run_dir = launch_vllm(tmp_path, checkpoint, cache, diag=("--on-hang", "kill",
                                                                 "--mark", MARK))
     server.wait_ready()
     stop, texts = threading.Event(), []

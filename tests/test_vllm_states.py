@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
-from test_tui_e2e import Terminal
-from vllm_faults import culprits, launch, plugin_installed
-from vllm_serving import make_checkpoint
+from helpers.terminal import Terminal
+from helpers.vllm_faults import culprits, launch, plugin_installed
+from helpers.vllm_serving import make_checkpoint
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not plugin_installed(), reason="real vLLM or the tests' "

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_serving import READY_TIMEOUT_S, VLLM, Server, free_port, serve_command
+from helpers.vllm_serving import READY_TIMEOUT_S, VLLM, Server, launch_vllm
 
 # a cold compile of four ranks on a loaded 2-core machine; override with HS_VLLM_READY_S
 READY_S = float(os.environ.get("HS_VLLM_READY_S", READY_TIMEOUT_S))
@@ -71,15 +70,10 @@ class FaultRun:
 
 def launch(work: Path, checkpoint: Path, cache: Path, fault: str, tp: int = 2, pp: int = 1,
            eager: bool = False, diag: tuple = ("--on-hang", "kill")) -> FaultRun:
-    """`diag launch DIAG -- vllm serve` with HS_TEST_FAULT=fault, in `work` (so
-    that `python -m diagnose.cli` is the installed diag, or PYTHONPATH's)."""
-    work.mkdir(parents=True, exist_ok=True)
-    run_dir, port = work / "run", free_port()
-    command = [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir), *diag,
-               "--", *serve_command(checkpoint, port, tp, pp,
-                                      BATCHED_TOKENS + ("--enforce-eager",) * eager)]
-    server = Server.start(command, port, cache, tp * pp, work / "diag.log", cwd=work,
-                          env={"HS_TEST_FAULT": fault})
+    """`diag launch DIAG -- vllm serve` with HS_TEST_FAULT=fault, in `work`."""
+    server, run_dir = launch_vllm(work, checkpoint, cache, tp, pp, diag,
+                                  BATCHED_TOKENS + ("--enforce-eager",) * eager,
+                                  env={"HS_TEST_FAULT": fault})
     return FaultRun(server, run_dir)
 
 

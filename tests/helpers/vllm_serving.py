@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,8 +26,9 @@ from pathlib import Path
 import psutil
 
 from diagnose.launch.leftovers import SharedMemoryTracker
+from helpers.run import DIAG, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV_VAR = "HANGSCOPE_VLLM_VENV"   # another vLLM's venv (benchmarks/vllm_matrix.py sets it)
 VLLM = Path(os.environ.get(VENV_VAR) or REPO / ".venv-vllm") / "bin" / "vllm"
 MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
@@ -54,10 +54,17 @@ def vllm_env(cache: Path, tmp: str, world_size: int) -> dict[str, str]:
                 VLLM_USE_AOT_COMPILE="0", PYTHONUNBUFFERED="1")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def launch_vllm(work: Path, checkpoint: Path, cache: Path, tp: int = 2, pp: int = 1,
+                diag: tuple = (), extra: tuple[str, ...] = (),
+                env: dict[str, str] | None = None) -> tuple[Server, Path]:
+    """`diag launch DIAG -- vllm serve`, started from `work` (so that `python -m
+    diagnose.cli` is the installed diag, or PYTHONPATH's), its run dir and log there."""
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir, port = work / "run", free_port()
+    command = [*DIAG, "launch", "--run-dir", str(run_dir), *diag, "--",
+               *serve_command(checkpoint, port, tp, pp, extra)]
+    server = Server.start(command, port, cache, tp * pp, work / "diag.log", cwd=work, env=env)
+    return server, run_dir
 
 
 def serve_command(checkpoint: Path, port: int, tp: int, pp: int,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers.run import free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = os.path.join(REPO, "deploy", "prometheus", "hangscope-alerts.yml")
 READY_S = 60.0
 CONFIG = """global:
@@ -34,12 +35,6 @@ def missing() -> str | None:
         return ("no prometheus binary on PATH: apt-get install prometheus (.ci/run installs "
                 "it; setup.sh starts that install in the background)")
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

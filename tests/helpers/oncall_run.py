@@ -15,9 +15,10 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from diagnose.launch.collector import Collector
-from prometheus_server import Prometheus, free_port, missing
+from helpers.prometheus_server import Prometheus, missing
+from helpers.run import free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", "2",
           "-pp", "2", "--prompt", "hi", "--max-tokens", "100000", "--ignore-eos"]
 HOOK = """import os, sys
