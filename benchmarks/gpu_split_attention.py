@@ -89,7 +89,7 @@ def kernel_alone() -> list[dict]:
     for batch, context in KERNEL_CASES:
         inputs = decode_inputs(batch, context, capacity)
         splits = attention_kernels.decode_splits(batch, KV_HEADS, 1, capacity,
-                                                 attention_kernels._program_target(torch.device("cuda")))
+                                                 attention_kernels.program_target(torch.device("cuda")))
         split_us, split_out = layers_graph_us(*inputs)
         with unsplit():
             unsplit_us, unsplit_out = layers_graph_us(*inputs)

@@ -181,7 +181,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # The CPU interpreter cannot multiply bf16 (it holds it as raw uint16 bits), so it gets fp32 tiles.
     dot_dtype = tl.float32 if q.is_cpu else _TRITON_DTYPES[q.dtype]
     splits = decode_splits(num_requests, num_kv_heads, meta.max_query_len, meta.max_seq_len,
-                           _program_target(q.device))
+                           program_target(q.device))
     partial = lse = out
     if splits > 1:
         partial = torch.empty((num_tokens, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
@@ -233,7 +233,7 @@ def decode_splits(num_requests: int, num_kv_heads: int, max_query_len: int, max_
 
 
 @functools.cache
-def _program_target(device: torch.device) -> int:
+def program_target(device: torch.device) -> int:
     """Programs that fill the device: one per SM on a GPU."""
     if device.type != "cuda":
         return CPU_PROGRAM_TARGET

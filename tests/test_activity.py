@@ -11,7 +11,7 @@ import pytest
 
 from diagnose.analysis.activity import ROWS, Classified, Row, classify
 from diagnose.core.vocab import Activity
-from diagnose.launch.py_spy import _threads_from_json
+from diagnose.launch.py_spy import threads_from_json
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +22,7 @@ FIXTURES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "fixtures", 
 def _main_frames(path: str) -> tuple[list[str], dict]:
     with open(path) as source:
         fixture = json.load(source)
-    threads = _threads_from_json(fixture["threads"])
+    threads = threads_from_json(fixture["threads"])
     return next(iter(threads.values())), fixture
 
 

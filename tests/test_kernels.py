@@ -168,7 +168,7 @@ def test_paged_attention_decode_only(dtype, gqa, gen):
 
 
 def program_target():
-    return attention_kernels._program_target(torch.device(DEVICE))
+    return attention_kernels.program_target(torch.device(DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:2])

@@ -70,7 +70,7 @@ def _run(exe: str, pid: int, native: bool, timeout: float,
         return ExternalStacks(None, _failure_note(pid, done.stderr), _denied(done.stderr))
     try:
         dump = json.loads(done.stdout)
-        return ExternalStacks(_threads_from_json(dump), main=_main_thread(dump, pid))
+        return ExternalStacks(threads_from_json(dump), main=_main_thread(dump, pid))
     except (ValueError, KeyError, TypeError) as error:
         return ExternalStacks(None, f"py-spy output for pid {pid} not understood: {error}")
 
@@ -102,7 +102,7 @@ def _thread_name(thread: dict, taken: dict) -> str:
 
 
 def _main_thread(dump: list[dict], pid: int) -> str | None:
-    """The name _threads_from_json gives the thread whose OS id is the pid."""
+    """The name threads_from_json gives the thread whose OS id is the pid."""
     taken: dict = {}
     for thread in dump:
         name = _thread_name(thread, taken)
@@ -112,7 +112,7 @@ def _main_thread(dump: list[dict], pid: int) -> str | None:
     return None
 
 
-def _threads_from_json(dump: list[dict]) -> dict[str, list[str]]:
+def threads_from_json(dump: list[dict]) -> dict[str, list[str]]:
     """py-spy lists frames innermost first; ours are outermost first. A native
     frame is one py-spy names a library ("module") for."""
     threads = {}
