@@ -89,21 +89,13 @@ def run_case(case: Case, repeat: int, checkpoint: Path, work: Path) -> Outcome:
             assert run.server.process.poll() is None, run.server.tail()
             time.sleep(0.5)
         compile_s = run.fired(f"rank {case.rank} call 3: compile done", COMPILE_S) - began
-        served = len(run.texts)
-        deadline = time.monotonic() + 120
-        while len(run.texts) < served + 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        run.stop.set()
-        time.sleep(2)
-        run.server.interrupt(run.vllm_pid())
-        exit_code = run.server.finish()
+        after, exit_code = run.serve_more_then_stop()
     finally:
         run.stop.set()
         if run.server.process.poll() is None:
             run.server.process.kill()
             run.server.finish()
     verdicts = [f"{v['kind']} {v['culprit_ranks']}" for v in run.report()["verdicts"]]
-    after = len(run.texts) - served
     right = not verdicts and exit_code == EXIT_HEALTHY and seen and after >= 2
     return Outcome(case.name, repeat, round(ready_s, 1), round(compile_s, 1), seen, after,
                    verdicts, exit_code, right)

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -150,16 +149,9 @@ def test_tp2_eager_compile_inside_a_step_is_progress_not_a_hang(tmp_path, checkp
     run.fired("rank 0 call 3: compile", COMPILE_S)
     tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
     run.fired("rank 0 call 3: compile done", COMPILE_S)
-    served = len(run.texts)
-    deadline = time.monotonic() + 120
-    while len(run.texts) < served + 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    run.stop.set()
-    time.sleep(2)
-    run.server.interrupt(run.vllm_pid())
-    code = run.server.finish()
+    served_after, code = run.serve_more_then_stop()
     report = run.report()
     show("tp2 eager compile at call 3", report)
     assert report["verdicts"] == []
-    assert len(run.texts) >= served + 2, run.server.errors
+    assert served_after >= 2, run.server.errors
     assert code == EXIT_HEALTHY, run.server.tail()

@@ -61,6 +61,20 @@ class FaultRun:
             time.sleep(0.5)
         raise AssertionError(f"{line!r} not in the log in {timeout:.0f} s:\n{self.server.tail()}")
 
+    def serve_more_then_stop(self, more: int = 2, timeout: float = 120) -> tuple[int, int]:
+        """After a fault: waits (up to timeout) for `more` requests to complete, then
+        stops the requests and vLLM (SIGINT); (how many completed meanwhile, diag's
+        exit code)."""
+        served = len(self.texts)
+        deadline = time.monotonic() + timeout
+        while len(self.texts) < served + more and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.stop.set()
+        time.sleep(2)
+        self.server.interrupt(self.vllm_pid())
+        code = self.server.finish()
+        return len(self.texts) - served, code
+
     def report(self) -> dict:
         return json.loads((self.run_dir / "report.json").read_text())
 
