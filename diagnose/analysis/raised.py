@@ -16,8 +16,8 @@ from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.analysis.wording import Words, rank_evidence, ranks_of, who
 from diagnose.core.layout import rank_list
-from diagnose.core.snapshot import RaisedError, Verdict
-from diagnose.core.vocab import Phase, VerdictKind
+from diagnose.core.snapshot import PhaseEvent, RaisedError, RankState, Verdict
+from diagnose.core.vocab import Mention, Phase, VerdictKind
 
 ENDING_PHASES = (Phase.DEQUEUE, Phase.SHUTDOWN, Phase.EXIT)
 
@@ -32,8 +32,11 @@ def raised_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimit
     fell = {node for node in view.deaths if node != rank}   # all after it (first_error)
     stalls = [seen_until(view, node) - max(last_progress(view.state(node)), error.at)
               for node in victims if _stalled(view, node, error, limits)]
-    if not died and not stalls and not fell:
+    left = left_waiting(view, rank, error)
+    if not died and not stalls and not fell and not left:
         return []
+    victims |= set(left)
+    stalls += list(left.values())
     state = view.ranks[rank]
     after = ("; it died" if died else "; its process ended" if not state.alive
              else f"; it went on and is now {where(state).removeprefix('stuck ')}")
@@ -42,7 +45,11 @@ def raised_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimit
     frame = f" at {error.frame}" if error.frame else ""
     step = f" step {error.step}" if error.step is not None else ""
     words = Words().culprit(who(view, rank)).add(
-        f" raised {error.error} in {error.phase}{step}{frame}{after}").waiting(victims)
+        f" raised {error.error} in {error.phase}{step}{frame}{after}").waiting(
+        victims, exclude=set(left))
+    if left:
+        words.add("; ").add(rank_list(sorted(left)), Mention.VICTIMS).add(
+            " waited on it until the job ended")
     evidence = rank_evidence(view, state)
     evidence["error"] = {"error": error.error, "frame": error.frame, "phase": error.phase,
                          "step": error.step, "at": error.at}
@@ -64,6 +71,51 @@ def first_error(view: View) -> tuple[int, RaisedError] | None:
         if not others or at <= min(others):
             return rank, view.ranks[rank].error
     return None
+
+
+def left_waiting(view: View, rank: int, error: RaisedError) -> dict[int, float]:
+    """In a job that ended by itself: {peer: seconds it waited} for the TP peers
+    that were inside the step of the rank's exception and never got out of it,
+    nor made progress, until the rank's process was gone: they waited on it to
+    the end, however short the end made their wait (vLLM shuts its engine down
+    a second after a worker's exception, before any stall limit). A peer that
+    left the step by an exception of its own while the rank still ran raised
+    beside it (both asserted), and waited on nothing."""
+    snapshot = view.snapshot
+    raiser = view.ranks[rank]
+    if snapshot.command_exit is None or snapshot.stop is not None or raiser.alive \
+            or error.step is None:
+        return {}
+    members = view.groups.get(f"tp{raiser.identity.pp_rank}", [])
+    left = {}
+    for peer in members:
+        state = view.ranks.get(peer)
+        if peer == rank or state is None or state.alive:
+            continue
+        event = _step_event(state, error)
+        if event is None:
+            continue
+        out = event.end if event.end is not None else state.heartbeat_at
+        moved = [record for record in state.collectives
+                 if max(record.t_enqueue, record.t_complete or 0.0) > error.at]
+        if out >= raiser.heartbeat_at and not moved and _left_badly(state, event, error):
+            left[peer] = round(out - error.at, 3)
+    return left
+
+
+def _step_event(state: RankState, error: RaisedError) -> PhaseEvent | None:
+    """The peer's phase of the same name and step as the error, begun before it."""
+    return next((event for event in state.phases + state.open_phases
+                 if event.name == error.phase and event.step == error.step
+                 and event.start <= error.at), None)
+
+
+def _left_badly(state: RankState, event: PhaseEvent, error: RaisedError) -> bool:
+    """The peer never finished the step: its process ended inside it, or an
+    exception took it out."""
+    own = state.error
+    return event.end is None or (own is not None and own.phase == error.phase
+                                 and own.step == error.step)
 
 
 def _stalled(view: View, node: Node, error: RaisedError, limits: StallLimits) -> bool:
