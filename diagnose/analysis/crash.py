@@ -1,7 +1,8 @@
 """A job that ended by itself after a rank failed crashed: it is no healthy run,
 whatever the command's exit code (vLLM's server exits 0 after its engine died).
 The first failure, an exception that left a rank's phase or a rank's death,
-is named, as `diag logs` names the first failure of a log."""
+is named; launch/first_failure.py joins it with what the job's output says
+(the one first failure of a report)."""
 from __future__ import annotations
 
 from diagnose.analysis.raised import ENDING_PHASES
@@ -15,6 +16,13 @@ def crash_of(snapshot: Snapshot) -> Crash | None:
     diag stopped it, or when no rank failed."""
     if snapshot.command_exit is None or snapshot.stop is not None:
         return None
+    return probed_failure(snapshot)
+
+
+def probed_failure(snapshot: Snapshot) -> Crash | None:
+    """The earliest failure the probes recorded, however the job ended: an
+    exception that left a rank's phase (each rank keeps its first; one in
+    dequeue, shutdown or exit is the engine being ended) or a rank's death."""
     found = []
     for rank, state in snapshot.ranks.items():
         error = state.error

@@ -50,6 +50,7 @@ def add_analyze(commands) -> None:
 
 def analyze_command(args) -> int:
     from diagnose.analysis.crash import crash_of
+    from diagnose.launch import first_failure
     from diagnose.offline.report import render, to_json
     from diagnose.offline.selection import Selection, SelectionError
 
@@ -64,6 +65,8 @@ def analyze_command(args) -> int:
     if args.perfetto:
         _write_perfetto(snapshot, args.perfetto)
     crash = crash_of(snapshot)
+    if crash is not None and os.path.isdir(snapshot.run_dir):
+        crash = first_failure.worded(crash, first_failure.first_failure(snapshot.run_dir, snapshot))
     body = to_json(snapshot, verdicts, rows, crash) | {"notes": notes}
     if selection.narrows:
         body["shown"] = selection.to_json(rows, snapshot)

@@ -93,6 +93,7 @@ class Launcher:
         self.echo_verdicts = False            # and on the terminal (no view shows them)
         self.judged: Judged | None = None     # the last poll's snapshot and verdicts, as one
         self.crash: Crash | None = None      # the first failure, once the job ended after it
+        self.failure: first_failure.FirstFailure | None = None   # the one the report names
         self.notes: list[str] = []          # the report's notes, once it is written
         self.shm = SharedMemoryTracker()    # what the job holds in /dev/shm, to clean up after
         self.next_shm_sample = 0.0
@@ -212,6 +213,8 @@ class Launcher:
             self.collector = Collector(self.opts.run_dir)
             self.poll()
             self.crash = crash_of(self.snapshot)
+            self.failure = self._first_failure()
+            self.crash = first_failure.worded(self.crash, self.failure)
             on_update(self)
             self.write_report(dump=False)
             return self._end(judged_exit(self.verdicts, shell_code(self.proc.returncode),
@@ -296,14 +299,17 @@ class Launcher:
             self.add_to_report(**ending)
         return Outcome(exit_code, self.verdicts, self.report_path)
 
+    def _first_failure(self) -> first_failure.FirstFailure | None:
+        if not first_failure.wanted(self.snapshot, self.verdicts, self.crash):
+            return None
+        return first_failure.first_failure(self.opts.run_dir, self.snapshot)
+
     def _name_first_failure(self) -> None:
-        """What killed the job, read from its whole output once the job is gone."""
-        if not first_failure.wanted(self.snapshot, self.verdicts):
-            return
-        found = first_failure.first_failure(self.opts.run_dir)
+        """What killed the job, from the probes and its whole output once it is gone."""
+        found = self.failure or self._first_failure()
         if found is not None:
             print(f"diag: {first_failure.line(found)}", file=sys.stderr)
-            self.add_to_report(first_failure=found)
+            self.add_to_report(first_failure=asdict(found))
 
     def _stop_record(self) -> Stop:
         now = self.collector.snapshot()
