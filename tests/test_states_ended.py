@@ -10,7 +10,7 @@ from diagnose.analysis.crash import crash_of
 from diagnose.cli.common import EXIT_CRASHED
 from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase, VerdictKind
-from diagnose.launch.launcher import judged_exit
+from diagnose.launch.ending import judged_exit
 from synthetic import Job
 from test_states import caught_exception, summary
 from test_unseen_waits import compiled_step, vllm_tp2
