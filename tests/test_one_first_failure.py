@@ -11,8 +11,7 @@ from diagnose.analysis.crash import crash_of
 from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase
 from diagnose.launch.first_failure import first_failure, line, worded
-from test_states import caught_exception
-from test_unseen_waits import vllm_tp2
+from helpers.synthetic import caught_exception, vllm_tp2
 
 pytestmark = pytest.mark.unit
 

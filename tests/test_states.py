@@ -8,7 +8,7 @@ from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import ActivitySample, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
-from helpers.synthetic import OP_S, Job, compiled_step, vllm_tp2
+from helpers.synthetic import OP_S, Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
 
@@ -81,18 +81,6 @@ def test_a_healthy_run_with_samples_has_no_verdict():
     for rank in (0, 1):
         sample(job, rank, Activity.IDLE, IDLE, t - 0.5)
     assert analyze(job.snapshot()) == []
-
-
-def caught_exception(job: Job, t: float, rank: int, step: int) -> None:
-    """vLLM's worker: the step raised, the engine caught it, the rank waits for work."""
-    state = job.ranks[rank]
-    event = job.phase(state, Phase.EXECUTE_MODEL, t + OP_S, t + 0.05, step)
-    assert event in state.phases
-    state.ring_read += 1
-    state.error = RaisedError(pid=state.identity.pid, at=t + 0.05, phase=Phase.EXECUTE_MODEL,
-                              step=step, error="RuntimeError: injected by the plugin",
-                              frame="tests/vllm_plugin.py:40 execute_model")
-    job.dequeue(rank, t + 0.06)
 
 
 def test_a_caught_exception_is_the_culprit_not_the_peer_that_waits_for_it():

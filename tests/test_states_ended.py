@@ -11,11 +11,13 @@ from diagnose.cli.common import EXIT_CRASHED
 from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase, VerdictKind
 from diagnose.launch.ending import judged_exit
-from synthetic import Job
-from test_states import caught_exception, summary
-from test_unseen_waits import compiled_step, vllm_tp2
+from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
+
+
+def summary(verdicts):
+    return [(v.kind, v.culprit_ranks, v.victim_ranks) for v in verdicts]
 
 
 def ended(job: Job, rank: int, at: float) -> None:

@@ -2,10 +2,11 @@
 which plays the probe into a Snapshot (one implementation for tests,
 benchmarks and `diag synth`), and the vLLM-like steps whose collectives run
 inside its compiled model, out of the probe's sight."""
+from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase
 from diagnose.offline.synth import OP_S, Job
 
-__all__ = ["OP_S", "Job", "compiled_step", "vllm_tp2"]
+__all__ = ["OP_S", "Job", "caught_exception", "compiled_step", "vllm_tp2"]
 
 
 def compiled_step(job: Job, rank: int, step: int, start: float, end: float | None) -> None:
@@ -26,3 +27,15 @@ def vllm_tp2(steps: int, now_after: float) -> tuple[Job, float]:
         t += 0.12
     job.now = t + now_after
     return job, t
+
+
+def caught_exception(job: Job, t: float, rank: int, step: int) -> None:
+    """vLLM's worker: the step raised, the engine caught it, the rank waits for work."""
+    state = job.ranks[rank]
+    event = job.phase(state, Phase.EXECUTE_MODEL, t + OP_S, t + 0.05, step)
+    assert event in state.phases
+    state.ring_read += 1
+    state.error = RaisedError(pid=state.identity.pid, at=t + 0.05, phase=Phase.EXECUTE_MODEL,
+                              step=step, error="RuntimeError: injected by the plugin",
+                              frame="tests/vllm_plugin.py:40 execute_model")
+    job.dequeue(rank, t + 0.06)
