@@ -3,6 +3,7 @@ gloo job whose all-reduce the probe cannot see (tests/programs/gloo_states.py),
 and our engine with a rank that raises inside execute_model."""
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -120,3 +121,41 @@ def test_a_real_compiler_child_makes_the_rank_compiling_whatever_its_stack(tmp_p
     assert first.activity == second.activity == "compiling", first
     assert first.rule == "compile-child" and ("g++" in first.frame or "cc1plus" in first.frame)
     assert second.compiling_since == first.compiling_since == first.taken_at
+
+
+def _worker_parent(work: str) -> str:
+    """A process with one child whose command line says compile_worker, doing `work`."""
+    return ("import subprocess, sys, time\n"
+            f"w = subprocess.Popen([sys.executable, '-c', {work!r}, 'compile_worker'])\n"
+            "print('READY', flush=True)\n"
+            "w.wait()\n")
+
+
+NIBBLING = ("import time\nwhile True:\n    end = time.process_time() + 0.004\n"
+            "    while time.process_time() < end: pass\n    time.sleep(0.5)\n")
+SPINNING = "while True: pass\n"
+
+
+@pytest.mark.parametrize("work,compiling", [(NIBBLING, False), (SPINNING, True)],
+                         ids=["idle", "busy"])
+def test_an_idle_compile_worker_is_no_compile_a_busy_one_is(work, compiling):
+    """Inductor's pool outlives every compile, and an idle worker still wakes now
+    and then: a few milliseconds of CPU a second are no compile, a worker at work is."""
+    import psutil
+
+    from diagnose.launch.states import compiler_child
+    proc = _started(_worker_parent(work))
+    worker_cpu: dict = {}
+    try:
+        time.sleep(0.5)
+        assert compiler_child(proc.pid, worker_cpu) is None     # nothing to compare with yet
+        time.sleep(3.0)
+        found = compiler_child(proc.pid, worker_cpu)
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
+    assert (found is not None) == compiling, found
+    if compiling:
+        assert found.startswith("an Inductor compile worker (pid ")

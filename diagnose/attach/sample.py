@@ -108,7 +108,7 @@ def sample(pids: dict[str, int], rounds: int, interval_s: float, native: bool,
     samples = {name: Samples() for name in pids}
     deadline = time.monotonic() + NATIVE_BUDGET_S
     natives = {}
-    worker_cpu: dict[int, float] = {}
+    worker_cpu: dict[int, tuple[float, float]] = {}
     for pid in pids.values():
         compiler_child(pid, worker_cpu)     # a compile worker's CPU time now
     watched, main_cpu = time.monotonic(), {name: _main_cpu(pid) for name, pid in pids.items()}

@@ -55,7 +55,8 @@ class StateSampler:
         self.sampled_at: dict[int, float] = {}            # rank -> when its last dump began
         self.gap: dict[int, tuple[float, tuple]] = {}     # rank -> (resample gap, last finding)
         self.compiling_since: dict[int, float | None] = {}
-        self.worker_cpu: dict[int, float] = {}            # compile worker pid -> its CPU time
+        self.worker_cpu: dict[int, tuple[float, float]] = {}   # compile worker pid -> (when,
+                                                               # its CPU time then)
         self.rank_cpu: dict[int, tuple[float, float]] = {}  # pid -> (when, its CPU time)
         self.python_only: dict[int, str] = {}             # pid -> why py-spy gives it no
                                                           # native frames
@@ -169,10 +170,12 @@ class StateSampler:
         return last is not None and cpu - last[1] >= BUSY_SHARE * (now - last[0])
 
 
-def compiler_child(pid: int, worker_cpu: dict[int, float]) -> str | None:
+def compiler_child(pid: int, worker_cpu: dict[int, tuple[float, float]]) -> str | None:
     """'g++ (pid 123)' for a compiler the process started, or a compile worker of
-    its that used CPU since the last look (worker_cpu: compile worker pid -> its
-    CPU time then, kept by the caller); None if none."""
+    its busy since the last look (worker_cpu: compile worker pid -> (when, its
+    CPU time then), kept by the caller); None if none. Inductor's pool lives as
+    long as the process: idle, a worker still wakes now and then (it watches its
+    parent), so only a worker that used BUSY_SHARE of the time since is compiling."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -183,15 +186,19 @@ def compiler_child(pid: int, worker_cpu: dict[int, float]) -> str | None:
                 name = child.name()
                 if name in COMPILERS:
                     return f"{name} (pid {child.pid})"
-                if any(COMPILE_WORKER in part for part in child.cmdline()):
-                    cpu = sum(child.cpu_times()[:2])
-                    last = worker_cpu.get(child.pid)
-                    worker_cpu[child.pid] = cpu
-                    if last is not None and cpu > last:
-                        return f"an Inductor compile worker (pid {child.pid})"
+                if any(COMPILE_WORKER in part for part in child.cmdline()) and \
+                        _worker_busy(child, worker_cpu):
+                    return f"an Inductor compile worker (pid {child.pid})"
         except psutil.Error:
             continue
     return None
+
+
+def _worker_busy(child: psutil.Process, worker_cpu: dict[int, tuple[float, float]]) -> bool:
+    now, cpu = time.monotonic(), sum(child.cpu_times()[:2])
+    last = worker_cpu.get(child.pid)
+    worker_cpu[child.pid] = (now, cpu)
+    return last is not None and cpu - last[1] >= BUSY_SHARE * (now - last[0])
 
 
 def _idle(state: RankState) -> bool:
