@@ -9,6 +9,7 @@ import pytest
 
 from diagnose.launch import escalate
 from diagnose.launch.escalate import Hook, OnHang
+from helpers.run import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -72,5 +73,5 @@ def test_the_kill_is_armed_once_and_falls_due_after_its_grace(tmp_path):
     escalation = escalate.Escalation("dump,kill:0.3", str(tmp_path))
     assert escalation.captured("r.json", "v") == 0.3 and not escalation.due()
     assert escalation.captured("r.json", "another hang") is None    # armed already
-    time.sleep(0.4)
-    assert escalation.due() and escalation.finish() == []
+    wait_for(escalation.due, 5, what="the kill's grace to end")
+    assert escalation.finish() == []

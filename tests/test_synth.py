@@ -4,8 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
@@ -14,7 +12,7 @@ from diagnose.offline import synth
 from diagnose.analysis import analyze
 from diagnose.launch.collector import Collector
 from diagnose.offline.flight_recorder import load_dump
-from helpers.run import diag
+from helpers.run import DIAG, diag, wait_for
 
 RANKS, TP, CULPRIT = 32, 4, 13
 
@@ -105,20 +103,23 @@ def ctrl_c_reaches_it():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def beaten(snapshot, before):
+    return snapshot if snapshot.ranks[5].heartbeat_at > before.ranks[5].heartbeat_at else None
+
+
 def test_beat_keeps_the_ranks_alive_until_interrupted(tmp_path):
     out = tmp_path / "run"
     beater = subprocess.Popen(
-        [sys.executable, "-m", "diagnose.cli", "synth", str(out), "--ranks", "16", "--tp", "2",
+        [*DIAG, "synth", str(out), "--ranks", "16", "--tp", "2",
          "--culprit", "5", "--kind", "stuck_in_phase", "--beat"],
         stdout=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         assert any(line.startswith("beating") for line in beater.stdout)
         collector = Collector(str(out))
         first = collector.snapshot()
-        time.sleep(0.3)
-        second = collector.snapshot()
+        second = wait_for(lambda: beaten(collector.snapshot(), first), 30,
+                          what="a heartbeat of rank 5 newer than the first snapshot's")
         assert all(state.alive for state in second.ranks.values())
-        assert second.ranks[5].heartbeat_at > first.ranks[5].heartbeat_at
         assert analyze(second)[0].culprit_ranks == [5]
     finally:
         beater.send_signal(signal.SIGINT)
