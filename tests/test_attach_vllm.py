@@ -10,7 +10,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from helpers.vllm_serving import VLLM, Server, make_checkpoint, serve_command
 
-from helpers.run import free_port
+from helpers.run import diag, free_port
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "
@@ -56,9 +55,7 @@ def end(server: Server, pids: set[int]) -> None:
 
 def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "attach", str(pid),
-                           "--run-dir", str(run_dir), "--json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = diag("attach", pid, "--run-dir", run_dir, "--json")
     return done, time.monotonic() - start
 
 

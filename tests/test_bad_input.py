@@ -6,13 +6,12 @@ import pickle
 import resource
 import shutil
 import struct
-import subprocess
-import sys
 
 import pytest
 
 from diagnose.core import runfile
 from helpers.fr_dumps import nccl_dump, nccl_entry
+from helpers.run import diag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = os.path.join(ROOT, "tests", "fixtures", "runs")
@@ -22,9 +21,7 @@ PID_AT = 16                              # the header's pid: see docs/run-dir.md
 def diag_analyze(path, memory_limit=None):
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-    return subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          preexec_fn=limit if memory_limit else None)
+    return diag("analyze", path, preexec_fn=limit if memory_limit else None)
 
 
 def assert_refused(result, text):

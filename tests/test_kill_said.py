@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers.run import PROGRAMS, REPO, free_port, left_behind
+from helpers.run import PROGRAMS, REPO, diag, free_port, left_behind
 
 pytestmark = pytest.mark.e2e
 
@@ -18,8 +18,7 @@ ENDED = ("diag: --- diag ended the job here (--on-hang kill: collective_missing_
 
 
 def diag_logs(path) -> tuple[int, list[dict]]:
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "logs", str(path), "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = diag("logs", path, "--json")
     return done.returncode, json.loads(done.stdout)["findings"]
 
 

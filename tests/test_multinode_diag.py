@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers.run import PROGRAMS, REPO, free_port, left_behind
+from helpers.run import PROGRAMS, REPO, diag, free_port, left_behind
 
 TOKEN = "test-token-4f1c"
 ENGINE_TOKEN = "engine-token-9d2e"   # the engine's own node link
@@ -121,8 +121,7 @@ def test_torchrun_across_two_nodes_the_head_names_rank_3(two_nodes):
     assert set(nodes.head_report()["stacks"]) == {"0", "1", "2", "3"}  # node 1's came over TCP
     assert "rank 3 never joined" in node_err   # node 1 shows the head's verdict
     nodes.assert_nothing_left()
-    again = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", str(nodes.head_dir),
-                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    again = diag("analyze", nodes.head_dir, "--json")
     body = json.loads(again.stdout)
     assert [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]][:1] == [
         ("collective_missing_peers", [3])]
@@ -167,10 +166,8 @@ def test_a_node_with_the_wrong_token_is_refused(two_nodes):
     (["--nnodes", "two"], "expected a whole number, not 'two'"),
 ])
 def test_bad_node_flags_are_one_line(tmp_path, flags, message):
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
-                           str(tmp_path / "run"), *flags, "--", "true"], cwd=REPO,
-                          env=dict(os.environ, DIAG_NODE_TOKEN=TOKEN), capture_output=True,
-                          text=True, timeout=30)
+    done = diag("launch", "--run-dir", tmp_path / "run", *flags, "--", "true",
+                env={"DIAG_NODE_TOKEN": TOKEN}, timeout=30)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
 

@@ -6,15 +6,13 @@ watched as monitoring would: /health polled every 0.1 s, and a real Prometheus
 reason, where the binary is missing; CI installs it."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from diagnose.launch.ending import ENDED_MARK
-from helpers.oncall_run import REPO, run_hung
+from helpers.oncall_run import run_hung
 from helpers.prometheus_server import missing
-from helpers.run import left_behind
+from helpers.run import diag, left_behind
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +79,6 @@ def test_the_exec_hook_got_the_report_and_the_verdict(hung):
 
 
 def test_diag_analyze_reads_the_flight_recorder_dumps(hung):
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", hung.run_dir,
-                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = diag("analyze", hung.run_dir, "--json")
     recorded = json.loads(done.stdout)["flight_recorder"]
     assert recorded["ranks"] == [0, 1, 2, 3] and recorded["notes"] == []

@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from diagnose.analysis import analyze
 from diagnose.core.snapshot import Snapshot, Verdict
+from helpers.run import diag
 from helpers.synthetic import Job
 from helpers.tui_synthetic import (PP, SIZE, TP, RecordingController, SyntheticSource, no_fault, offered,
                                    rank6_never_reached, screen_text, settle, started, until)
@@ -365,8 +366,7 @@ def test_bad_run_dir_is_one_line(tmp_path, make, says):
         run_dir.mkdir()
     if make == "unreadable":
         (run_dir / "rank-0.probe").write_bytes(b"\x07" * 64)
-    result = subprocess.run([sys.executable, "-m", "diagnose.cli", "tui", str(run_dir)],
-                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    result = diag("tui", run_dir)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("diag: error: ")
     assert says in result.stderr

@@ -18,6 +18,7 @@ import pytest
 from diagnose.launch.collector import Collector
 from diagnose.probe import vllm as plugin
 from diagnose.probe.vllm_hooks import WORKER_CLASS
+from helpers.run import diag
 
 pytestmark = pytest.mark.e2e
 
@@ -35,10 +36,8 @@ def test_missing_names_are_notes_in_the_report_and_the_job_runs(tmp_path):
     subprocess.run([sys.executable, str(STUB), "--write", str(tmp_path / "stub"), VERSION],
                    check=True, timeout=30)
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "diagnose.cli", "launch", "--run-dir", str(run_dir), "--",
-         sys.executable, str(STUB), "--serve", str(tmp_path / "stub")],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = diag("launch", "--run-dir", run_dir, "--", sys.executable, STUB, "--serve",
+                tmp_path / "stub")
     report = json.loads((run_dir / "report.json").read_text())
     assert "stub served 3 steps" in (run_dir / "output.log").read_text(), done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
