@@ -8,7 +8,7 @@ from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import ActivitySample, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
-from helpers.synthetic import OP_S, Job, caught_exception, compiled_step, vllm_tp2
+from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
 
