@@ -7,6 +7,8 @@ group. gloo on CPU, NCCL on GPU.
 from __future__ import annotations
 
 import os
+import socket
+import urllib.parse
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,22 @@ def timeout_from_env() -> float:
     return seconds
 
 
+def _rendezvous(init_method: str | None, rank: int, world_size: int, timeout) -> dict:
+    """init_process_group's rendezvous arguments. For tcp://HOST:PORT the TCPStore
+    is made here, so that rank 0's server listens on HOST alone: torch's own
+    listens on every interface, whatever HOST says."""
+    url = urllib.parse.urlsplit(init_method or "")
+    if url.scheme != "tcp":
+        return {"init_method": init_method}
+    host, port = url.hostname, url.port
+    if rank != 0:
+        return {"store": dist.TCPStore(host, port, world_size, False, timeout)}
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server = socket.create_server((host, port), family=family)
+    return {"store": dist.TCPStore(host, port, world_size, True, timeout,
+                                   master_listen_fd=server.detach())}
+
+
 class Communicator:
     """One rank's view of the job. With world size 1 nothing is initialised."""
 
@@ -47,8 +65,9 @@ class Communicator:
     def _init(self, init_method, backend, timeout_s):
         import datetime
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                world_size=self.layout.world_size, timeout=timeout)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.layout.world_size,
+                                timeout=timeout, **_rendezvous(init_method, self.rank,
+                                                               self.layout.world_size, timeout))
         # Every rank must create every group, in the same order. A new group does not
         # inherit the default group's timeout: it gets the backend's own unless given.
         for p in range(self.layout.pp_size):

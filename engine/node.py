@@ -8,13 +8,16 @@ MASTER_ADDR:MASTER_PORT+1.
 Every node must hold the same secret in ENGINE_NODE_TOKEN. Before a single
 object crosses a link, each end proves that it knows the token
 (diagnose/core/link.py: HMAC-SHA256 over both ends' nonces, and a tag on every
-message after). Until then the
-head reads messages of at most 256 bytes, unpickles nothing, and gives the
-whole handshake HANDSHAKE_TIMEOUT_S: anything else that connects (a port scan,
-an HTTP request, a slow peer, a wrong token) is dropped with one line on the
-head's stderr, and the head waits on for its nodes. Past the handshake a peer
-is trusted: messages are pickles of at most MAX_MESSAGE_BYTES, each sent or
-read within MESSAGE_TIMEOUT_S.
+message after). Until then the head reads messages of at most 256 bytes,
+unpickles nothing, and gives the whole handshake HANDSHAKE_TIMEOUT_S.
+Handshakes run at once, each on a thread of its own (diagnose/core/listener.py,
+as diag's head does): at most MAX_PENDING at a time, and a host over its cap
+loses its oldest, so idle connections cannot delay a node past --node-timeout.
+Anything else that connects (a port scan, an HTTP request, a slow peer, a
+wrong token) is dropped, refusals reach the head's stderr as at most one line
+a second (the next counting those left out), and the head waits on for its
+nodes. Past the handshake a peer is trusted: messages are pickles of at most
+MAX_MESSAGE_BYTES, each sent or read within MESSAGE_TIMEOUT_S.
 
     node -> head   ("join", node_rank, fingerprint)
     head -> node   ("ok", config, device, dtype)  or  ("error", message)
@@ -27,15 +30,18 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
 import sys
 import time
 from contextlib import closing
+from functools import partial
 from multiprocessing.connection import wait
 
 import torch
 
 from diagnose.core.link import Codec, HandshakeError, Limits, Link
+from diagnose.core.listener import Listener
 from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
@@ -43,6 +49,7 @@ from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedE
 TOKEN_VAR = "ENGINE_NODE_TOKEN"
 MIN_TOKEN_CHARS = 8
 HANDSHAKE_TIMEOUT_S = 5.0
+MAX_PENDING = 64                   # connections in their handshake at once, from every host
 MESSAGE_TIMEOUT_S = 30.0           # from the moment a message is sent or read
 MAX_MESSAGE_BYTES = 256 << 20
 RETRY_CONNECT_S = 0.2
@@ -128,7 +135,9 @@ class RemoteNode:
 
 def accept_nodes(config: EngineConfig, device: str, dtype: torch.dtype) -> list[RemoteNode]:
     """Wait for every headless node to join; RemoteNodes in node order. The nodes'
-    workers run with the head's config, device and dtype."""
+    workers run with the head's config, device and dtype. Handshakes run at once,
+    each on a thread of diagnose/core/listener.py's, so that no flood of idle
+    connections delays a node past --node-timeout."""
     key = node_token()
     host, port = link_address(config)
     try:
@@ -136,28 +145,37 @@ def accept_nodes(config: EngineConfig, device: str, dtype: torch.dtype) -> list[
     except OSError as error:
         raise NodeError(f"cannot listen for nodes on {host}:{port}: {error.strerror}") from None
     deadline = time.monotonic() + config.node_timeout
+    arrivals: queue.Queue[tuple[Link, object, object]] = queue.Queue()
+    listener = Listener(server, key, PICKLES, LIMITS, partial(_hello, arrivals),
+                        "the head refused a node link", TOKEN_VAR, total=MAX_PENDING)
     welcome = ("ok", config, device, dtype)
     joined: dict[int, RemoteNode] = {}
     try:
-        with server:
-            while len(joined) < config.nnodes - 1:
-                link = _authenticate(*_accept(server, deadline, config, joined), key)
-                node_rank = None if link is None else _admit(link, config, joined, welcome)
-                if node_rank is not None:
-                    joined[node_rank] = RemoteNode(describe_node(config, node_rank), link)
+        while len(joined) < config.nnodes - 1:
+            link, node_rank, theirs = _next_arrival(arrivals, deadline, config, joined)
+            _admit(link, node_rank, theirs, config, joined, welcome)
+            joined[node_rank] = RemoteNode(describe_node(config, node_rank), link)
     except BaseException:
         for node in joined.values():
             node.link.close()
         raise
+    finally:
+        listener.close()
+        _close_unclaimed(arrivals)
     return [joined[n] for n in sorted(joined)]
 
 
-def _accept(server: socket.socket, deadline: float, config: EngineConfig,
-            joined: dict) -> tuple[socket.socket, tuple]:
-    server.settimeout(max(deadline - time.monotonic(), 0.001))
+def _hello(arrivals: queue.Queue, link: Link, peer: tuple) -> None:
+    """On a listener's thread: a peer that proved the token says who it is."""
+    _, node_rank, theirs = link.recv()
+    arrivals.put((link, node_rank, theirs))
+
+
+def _next_arrival(arrivals: queue.Queue, deadline: float, config: EngineConfig,
+                  joined: dict) -> tuple[Link, object, object]:
     try:
-        return server.accept()
-    except TimeoutError:
+        return arrivals.get(timeout=max(deadline - time.monotonic(), 0.001))
+    except queue.Empty:
         missing = [str(n) for n in range(1, config.nnodes) if n not in joined]
         raise NodeError(
             f"node{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not join within "
@@ -166,28 +184,10 @@ def _accept(server: socket.socket, deadline: float, config: EngineConfig,
         ) from None
 
 
-def _authenticate(sock: socket.socket, peer: tuple, key: bytes) -> Link | None:
-    """The link to a peer that proved it knows the token (and saw that the head does);
-    None for any other connection, which is closed and named on stderr."""
-    link = Link(sock, PICKLES, LIMITS)
-    try:
-        link.authenticate(key, challenge_first=True)
-    except HandshakeError as error:
-        reason = f"wrong {TOKEN_VAR}" if error.wrong_key else str(error)
-        print(f"the head refused a node link from {peer[0]}:{peer[1]}: {reason}",
-              file=sys.stderr, flush=True)
-        return None
-    return link
-
-
-def _admit(link: Link, config: EngineConfig, joined: dict, welcome: tuple) -> int | None:
-    """Check an authenticated node's settings; its node rank, or None if it went away.
-    A node that does not fit the head's settings fails both."""
-    try:
-        _, node_rank, theirs = link.recv()
-    except (EOFError, OSError):
-        link.close()
-        return None
+def _admit(link: Link, node_rank: object, theirs: object, config: EngineConfig, joined: dict,
+           welcome: tuple) -> None:
+    """Check an authenticated node's settings and welcome it. A node that does not
+    fit the head's settings fails both."""
     error = None
     if theirs != fingerprint(config):
         error = f"node {node_rank} was started with {theirs}, the head with {fingerprint(config)}"
@@ -197,9 +197,17 @@ def _admit(link: Link, config: EngineConfig, joined: dict, welcome: tuple) -> in
         link.send(("error", error))
         link.close()
         raise NodeError(error)
-    link.send(welcome)
     link.settle()
-    return node_rank
+    link.send(welcome)
+
+
+def _close_unclaimed(arrivals: queue.Queue) -> None:
+    """Links that proved the token after the head stopped waiting."""
+    while True:
+        try:
+            arrivals.get_nowait()[0].close()
+        except queue.Empty:
+            return
 
 
 # -- a headless node -----------------------------------------------------------

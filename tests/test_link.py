@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from diagnose.core.link import HANDSHAKE_BYTES, Codec, Gate, HandshakeError, Limits, Link, json_codec
+from diagnose.core.link import HANDSHAKE_BYTES, Codec, HandshakeError, Limits, Link, json_codec
+from diagnose.core.listener import Gate
 
 KEY = b"the-shared-secret"
 JSON = Codec(lambda body: json.dumps(body).encode(), json.loads)

@@ -4,6 +4,7 @@ what the head's node link does with connections that are no node of the run."""
 import json
 import os
 import pickle
+import re
 import shlex
 import signal
 import socket
@@ -46,11 +47,30 @@ def _start(argv: list[str], token: str | None = TOKEN) -> subprocess.Popen:
                             text=True, env=_env(token))
 
 
-def _start_nodes(max_tokens: int, *extra: str) -> tuple[subprocess.Popen, subprocess.Popen]:
-    nodes = ["--nnodes", "2", "--master-port", str(free_port(consecutive=2)), *extra]
+def _start_nodes(max_tokens: int, *extra: str,
+                 port: int | None = None) -> tuple[subprocess.Popen, subprocess.Popen]:
+    nodes = ["--nnodes", "2", "--master-port", str(port or free_port(consecutive=2)), *extra]
     node1 = _start(["generate", *TP2PP2, *nodes, "--node-rank", "1"])
     head = _start([*_generate_args(max_tokens), *TP2PP2, *nodes, "--node-rank", "0"])
     return head, node1
+
+
+def _store_addresses(head: subprocess.Popen, port: int, timeout: float = 60) -> set[str]:
+    """The addresses the rendezvous's TCPStore (rank 0's, on the head) listens on,
+    once it does: after node 1 joined, while the ranks meet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and head.poll() is None:
+        addresses = set()
+        try:
+            for proc in _family(head):
+                addresses |= {c.laddr.ip for c in proc.net_connections("tcp")
+                              if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        except psutil.Error:
+            continue      # a process that ended meanwhile
+        if addresses:
+            return addresses
+        time.sleep(0.02)
+    raise AssertionError("the head's rank 0 never listened on the rendezvous port")
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -112,9 +132,12 @@ def test_tp2_pp2_over_two_nodes_matches_one_rank():
     single = subprocess.run(ENGINE + _generate_args(10), capture_output=True, text=True,
                             timeout=60, env=_env(token=None))   # one node needs no token
     assert single.returncode == 0, single.stderr
-    head, node1 = _start_nodes(10)
+    port = free_port(consecutive=2)
+    head, node1 = _start_nodes(10, port=port)
+    store = _store_addresses(head, port)
     head_out, head_err = head.communicate(timeout=60)
     node_out, node_err = node1.communicate(timeout=30)
+    assert store == {"127.0.0.1"}        # --master-addr's default; torch's own listens on all
     assert head.returncode == 0, head_err
     assert node1.returncode == 0, node_err
     assert node_out == ""
@@ -226,6 +249,8 @@ def test_a_multi_node_run_needs_the_token(node_rank, token):
 # -- connections to the head's node link that are no node of the run ----------------------
 
 REFUSED = "the head refused a node link from 127.0.0.1:"
+MORE = re.compile(r" \(and \d+ more refused in the last \d+ s\)$")   # the refusals left out
+REFUSAL_S = 1.1     # refusals are one line a second at most: attacks this far apart get one each
 
 
 @dataclass
@@ -239,7 +264,8 @@ class WaitingHead:
         return text_so_far(self.log)
 
     def refusals(self) -> list[str]:
-        return [line for line in self.stderr().splitlines() if line.startswith(REFUSED)]
+        return [MORE.sub("", line) for line in self.stderr().splitlines()
+                if line.startswith(REFUSED)]
 
     def new_refusals(self, before: int, count: int) -> list[str]:
         """The `count` refusals after the first `before`, once the head has written them."""
@@ -308,6 +334,7 @@ def test_a_crafted_pickle_is_never_unpickled(waiting_head, marker):
     before = len(waiting_head.refusals())
     for length in (struct.pack("!Q", len(payload)),    # how the link used to frame it
                    struct.pack("!I", len(payload))):   # how it frames messages now
+        time.sleep(REFUSAL_S)
         with waiting_head.connect() as sock:
             sock.sendall(length + payload)
             assert until_closed(sock) < 2
@@ -323,6 +350,7 @@ def test_an_http_request_is_dropped_and_memory_stays_bounded(waiting_head):
     before = len(waiting_head.refusals())
     for request in (b"GET / HTTP/1.1\r\nHost: head\r\n\r\n",
                     struct.pack("!I", 200 << 20) + b"x" * (64 << 10)):   # says 200 MiB follow
+        time.sleep(REFUSAL_S)
         with waiting_head.connect() as sock:
             try:
                 sock.sendall(request)
@@ -338,6 +366,7 @@ def test_an_http_request_is_dropped_and_memory_stays_bounded(waiting_head):
 
 
 def test_a_peer_sending_one_byte_every_2_s_is_dropped_at_the_handshake_deadline(waiting_head):
+    time.sleep(REFUSAL_S)
     before = len(waiting_head.refusals())
     with waiting_head.connect() as sock:
         closed_after = until_closed(sock, drip=struct.pack("!I", 32) + b"x" * 32, every_s=2.0)
@@ -348,6 +377,7 @@ def test_a_peer_sending_one_byte_every_2_s_is_dropped_at_the_handshake_deadline(
 
 
 def test_a_node_with_the_wrong_token_is_refused_in_one_line(waiting_head):
+    time.sleep(REFUSAL_S)
     before = len(waiting_head.refusals())
     node1 = subprocess.run(ENGINE + ["generate", *TP2PP2, "--nnodes", "2", "--node-rank", "1",
                                      "--master-port", str(waiting_head.port)],
@@ -358,3 +388,101 @@ def test_a_node_with_the_wrong_token_is_refused_in_one_line(waiting_head):
         f"{TOKEN_VAR}s; set the same token on every node"]
     assert waiting_head.new_refusals(before, 1)[0].endswith(f": wrong {TOKEN_VAR}")
     waiting_head.assert_still_waiting()
+
+
+# -- a flood of idle connections -------------------------------------------------------------
+
+FLOOD = 300
+
+
+def _flood(port: int) -> list[socket.socket]:
+    """FLOOD connections to the node link, kept open and silent (a head that takes
+    them one handshake at a time lets its listen queue fill, and fails here)."""
+    socks, deadline = [], time.monotonic() + 15
+    for _ in range(FLOOD):
+        if time.monotonic() > deadline:
+            break
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port + 1), timeout=2))
+        except OSError:
+            pass   # the listen queue was full for a moment: as good as refused
+    assert len(socks) > FLOOD * 0.8
+    return socks
+
+
+def _waiting_head(port: int, log: IO[bytes], node_timeout: int) -> WaitingHead:
+    proc = subprocess.Popen(ENGINE + _generate_args(4) + TP2PP2 + [
+        "--nnodes", "2", "--master-port", str(port), "--node-timeout", str(node_timeout)],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
+    head = WaitingHead(proc, port, log)
+    deadline = time.monotonic() + 60
+    while not head.listening():
+        assert proc.poll() is None and time.monotonic() < deadline, head.stderr()
+        time.sleep(0.1)
+    return head
+
+
+def _linked_at(node: subprocess.Popen, port: int, timeout: float = 60) -> float:
+    """When the node's connection to the head's node link appeared."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(c.raddr and c.raddr.port == port
+               for c in psutil.Process(node.pid).net_connections("tcp")):
+            return time.monotonic()
+        assert node.poll() is None, "the node ended before it connected"
+        time.sleep(0.02)
+    raise AssertionError("the node never connected to the head")
+
+
+def _line_at(log: IO[bytes], text: str, timeout: float = 60) -> float:
+    deadline = time.monotonic() + timeout
+    while text not in text_so_far(log):
+        assert time.monotonic() < deadline, text_so_far(log)
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def test_under_300_connections_kept_open_a_node_joins_within_5_s_and_refusals_are_one_line_a_second():
+    """Handshakes run at once: idle connections, each allowed HANDSHAKE_TIMEOUT_S, no
+    longer queue a node behind them (one at a time, 300 of them delayed it 73 s, past
+    --node-timeout); the run then ends as it would have without them."""
+    port = free_port(consecutive=2)
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryFile() as node_log:
+        head = _waiting_head(port, log, node_timeout=60)
+        started, socks, node1 = time.monotonic(), _flood(port), None
+        try:
+            node1 = subprocess.Popen(ENGINE + ["generate", *TP2PP2, "--nnodes", "2",
+                                               "--master-port", str(port), "--node-rank", "1"],
+                                     stdout=subprocess.DEVNULL, stderr=node_log, env=_env())
+            linked = _linked_at(node1, port + 1)
+            joined_after = _line_at(node_log, "node 1 (ranks 2-3) joined the head") - linked
+            out, _ = head.proc.communicate(timeout=120)
+            node1.wait(timeout=30)
+            refusals, elapsed = head.refusals(), time.monotonic() - started
+        finally:
+            for sock in socks:
+                sock.close()
+            head.proc.kill()
+            if node1 is not None:
+                node1.kill()
+        assert joined_after < 5.0
+        assert (head.proc.returncode, node1.returncode) == (0, 0), head.stderr()
+        assert [len(json.loads(line)["token_ids"]) for line in out.splitlines()] == [4, 4]
+        assert refusals and len(refusals) <= elapsed + 1
+
+
+def test_under_300_connections_kept_open_the_head_still_gives_up_at_node_timeout():
+    port = free_port(consecutive=2)
+    with tempfile.TemporaryFile() as log:
+        head = _waiting_head(port, log, node_timeout=3)
+        socks = _flood(port)
+        try:
+            head.proc.wait(timeout=20)
+        finally:
+            for sock in socks:
+                sock.close()
+            head.proc.kill()
+        assert head.proc.returncode != 0
+        assert _error_lines(head.stderr()) == [
+            f"error: node 1 did not join within 3 s (--node-timeout); start each with --nnodes 2 "
+            f"--node-rank N --master-addr 127.0.0.1 --master-port {port}"]

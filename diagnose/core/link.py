@@ -29,7 +29,6 @@ import json
 import os
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -200,59 +199,6 @@ class Link:
         if isinstance(error, TimeoutError):
             return f"no handshake within {self.handshake_s:g} s"
         return str(error)
-
-
-class Gate:
-    """Who may be in a handshake with a listening end, under a flood. At most
-    `per_source` connections of one host at once: a new one from a host at its
-    cap ends that host's oldest handshake, so idle connections can delay a
-    real peer from the same host by no more than its own handshake, never lock
-    it out. Refusals are written as at most one line per `interval` seconds,
-    the next line counting those left out in between."""
-
-    def __init__(self, write: Callable[[str], None], per_source: int = 16, total: int = 64,
-                 interval: float = 1.0):
-        self.write, self.per_source, self.total = write, per_source, total
-        self.interval = interval
-        self.lock = threading.Lock()
-        self.pending: dict[str, list[Link]] = {}
-        self.count = 0                  # handshakes under way, every host's
-        self.last_line, self.left_out = -interval, 0
-
-    def admit(self, link: Link, peer: tuple) -> bool:
-        """Counts `link` in its host's handshakes, ending the oldest if over the
-        cap; False (nothing counted) when `total` handshakes are under way."""
-        with self.lock:
-            if self.count >= self.total:
-                return False
-            self.count += 1
-            mine = self.pending.setdefault(peer[0], [])
-            mine.append(link)
-            oldest = mine.pop(0) if len(mine) > self.per_source else None
-        if oldest is not None:
-            oldest.shutdown()
-        return True
-
-    def release(self, link: Link, peer: tuple) -> None:
-        """The handshake of `link` ended, either way."""
-        with self.lock:
-            self.count -= 1
-            mine = self.pending.get(peer[0], [])
-            if link in mine:
-                mine.remove(link)
-            if not mine:
-                self.pending.pop(peer[0], None)
-
-    def refuse(self, line: str) -> None:
-        with self.lock:
-            now = time.monotonic()
-            if now - self.last_line < self.interval:
-                self.left_out += 1
-                return
-            more = f" (and {self.left_out} more refused in the last {now - self.last_line:.0f} s)" \
-                if self.left_out else ""
-            self.last_line, self.left_out = now, 0
-        self.write(line + more)
 
 
 class _Sealer:

@@ -14,23 +14,24 @@ silent, is lost: the analysis names the node (`node_lost`) instead of judging
 its ranks by a state that is no longer news.
 
 Messages are JSON over diagnose/core/link.py's authenticated link. The head
-keeps at most MAX_PENDING connections in their handshake (a few bytes each,
-HANDSHAKE_S at most), each on a thread of its own, and one per node after it;
-a host with more than link.Gate's per-source cap in handshakes loses its oldest,
-so idle connections cannot lock a real agent out. Anything else that connects
-is closed, and refusals reach the head's stderr as at most one line a second.
+listens through diagnose/core/listener.py, as the engine's head does: at most
+MAX_PENDING connections in their handshake (a few bytes each, HANDSHAKE_S at
+most), each on a thread of its own, and one per node after it; a host with
+more than the Gate's per-source cap in handshakes loses its oldest, so idle
+connections cannot lock a real agent out. Anything else that connects is
+closed, and refusals reach the head's stderr as at most one line a second.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from diagnose.core.link import Codec, Gate, HandshakeError, Limits, Link, json_codec
+from diagnose.core.link import Codec, HandshakeError, Limits, Link, json_codec
+from diagnose.core.listener import Listener
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, read_version, stamped
@@ -111,32 +112,14 @@ class NodeHub:
         self.stop_code: int | None = None  # agents end their commands with this code
         self.closing = False             # the head ends the links itself: not a node's drop
         self.lock = threading.Lock()
-        self.gate = Gate(_write_line, total=MAX_PENDING)
-        self.server = _listen(self.address)
+        server = _listen(self.address)
         for report in self.reports.values():
             self._save(report)
-        threading.Thread(target=self._accept, daemon=True, name="diag-node-hub").start()
+        self.listener = Listener(server, key, JSON, LIMITS, self._welcome,
+                                 "diag: the head refused a node link", TOKEN_VAR,
+                                 serve=self._serve, total=MAX_PENDING)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, peer = self.server.accept()
-            except OSError:            # closed
-                return
-            link = Link(conn, JSON, LIMITS)
-            if self.gate.admit(link, peer):
-                threading.Thread(target=self._serve, args=(link, peer), daemon=True).start()
-            else:
-                link.close()
-                self._refuse(peer, f"{MAX_PENDING} connections are in their handshake already")
-
-    def _serve(self, link: Link, peer: tuple) -> None:
-        try:
-            report = self._welcome(link, peer)
-        finally:
-            self.gate.release(link, peer)
-        if report is None:
-            return
+    def _serve(self, link: Link, peer: tuple, report: NodeReport) -> None:
         try:
             while self._take(link, report):
                 pass
@@ -146,30 +129,18 @@ class NodeHub:
             link.close()
             self._left(report, link)
 
-    def _refuse(self, peer: tuple, reason: str) -> None:
-        self.gate.refuse(f"diag: the head refused a node link from {peer[0]}:{peer[1]}: {reason}")
-
     def _welcome(self, link: Link, peer: tuple) -> NodeReport | None:
-        """The node's report once its agent proved the token and named a node this
-        head expects; None (the link closed) for any other connection."""
-        try:
-            link.authenticate(self.key, challenge_first=True)
-            hello = link.recv()
-            node_rank = hello.get("node_rank")
-            if type(node_rank) is not int or node_rank not in self.reports:
-                link.send({"error": f"the head expects node ranks 1-{len(self.reports)}, "
-                                    f"not {node_rank!r}"})
-                link.close()
-                return None
-            link.send({"ok": True})
-            link.settle()
-        except HandshakeError as error:
-            self._refuse(peer, f"wrong {TOKEN_VAR}" if error.wrong_key else str(error))
-            return None
-        except (OSError, EOFError, ValueError) as error:
+        """The node's report once its agent (which proved the token) named a node
+        this head expects; None (the link closed) for any other."""
+        hello = link.recv()
+        node_rank = hello.get("node_rank")
+        if type(node_rank) is not int or node_rank not in self.reports:
+            link.send({"error": f"the head expects node ranks 1-{len(self.reports)}, "
+                                f"not {node_rank!r}"})
             link.close()
-            self._refuse(peer, str(error))
             return None
+        link.send({"ok": True})
+        link.settle()
         with self.lock:
             replaced = self.links.get(node_rank)
             self.links[node_rank] = link
@@ -257,19 +228,12 @@ class NodeHub:
                                      or time.time() - report.received_at < LOST_AFTER_S)
 
     def close(self) -> None:
-        self.server.close()
+        self.listener.close()
         with self.lock:
             self.closing = True
             links = list(self.links.values())
         for link in links:
             link.shutdown()
-
-
-def _write_line(line: str) -> None:
-    """One write per line: links are refused on threads of their own, and print's two
-    writes (the text, then the newline) from two of them ran lines together."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 def _listen(address: tuple[str, int]) -> socket.socket:
