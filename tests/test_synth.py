@@ -141,12 +141,28 @@ def test_beat_keeps_the_ranks_alive_until_interrupted(tmp_path):
     (["--ranks", "many"], "argument --ranks: invalid int value: 'many'"),
     (["--tp", "1", "--kind", "collective_missing_peers"], "it needs --tp 2 or more"),
     (["--fr-dumps", "--fr-entries", "0"], "--fr-entries must be at least 1, not 0"),
+    (["--tp", "4", "--dp", "3"], "--ranks 32 is not a multiple of --tp 4 x --dp 3"),
+    (["--tp", "2", "--dp", "2", "--fr-fault", "gone"], "unknown fault 'gone'"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, message):
     result = diag("synth", tmp_path / "run", "--ranks", RANKS, *args)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("fault", ["missing", "stalled_send"])
+def test_dp_replicas_are_flight_recorder_dumps_of_a_serving_job(tmp_path, fault):
+    out = tmp_path / "dp"
+    made = diag("synth", out, "--ranks", 64, "--tp", 4, "--dp", 2, "--culprit", 21,
+                "--fr-fault", fault)
+    assert made.returncode == 0, made.stderr
+    assert "(tp=4 x pp=8 x dp=2), rank 21 planted as" in made.stdout
+    assert len(list((out / "fr").glob("nccl_trace_rank_*"))) == 64
+    assert not list(out.glob("rank-*.probe"))
+    report = diag("analyze", out / "fr", "--json")
+    assert report.returncode == 1, report.stderr
+    assert [v["culprit_ranks"] for v in json.loads(report.stdout)["verdicts"]] == [[21]]
 
 
 def test_a_dir_that_is_not_empty_is_refused(tmp_path):
