@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from diagnose import probe
-from diagnose.core.layout import Layout
+from diagnose.core.layout import Layout, tp_group_name
+from diagnose.core.vocab import Op
 
 TIMEOUT_VAR = "ENGINE_DIST_TIMEOUT_S"   # the process groups' timeout, e.g. 20 to see NCCL's watchdog fire
 DEFAULT_TIMEOUT_S = 1800.0
@@ -57,7 +58,7 @@ class Communicator:
         self.layout = layout
         self.rank = rank
         self.pp_rank, self.tp_rank = layout.place(rank)
-        self.tp_group_name = f"tp{self.pp_rank}"
+        self.tp_group_name = tp_group_name(self.pp_rank)
         self._tp_group = None
         if layout.world_size > 1:
             self._init(init_method, backend, timeout_s or timeout_from_env())
@@ -94,7 +95,7 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return tensor
-        with probe.collective(self.tp_group_name, "all_reduce", [tensor]) as record:
+        with probe.collective(self.tp_group_name, Op.ALL_REDUCE, [tensor]) as record:
             if not record.skip:
                 dist.all_reduce(tensor, group=self._tp_group)
         return tensor
@@ -103,14 +104,14 @@ class Communicator:
         if self.tp_size == 1:
             return tensor
         parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
-        with probe.collective(self.tp_group_name, "all_gather", [tensor]) as record:
+        with probe.collective(self.tp_group_name, Op.ALL_GATHER, [tensor]) as record:
             if not record.skip:
                 dist.all_gather(parts, tensor.contiguous(), group=self._tp_group)
         return torch.cat(parts, dim=dim)
 
     def send(self, tensors: list[torch.Tensor], dst: int) -> None:
         for tensor in tensors:
-            with probe.collective("pp", "send", [tensor], peer=dst) as record:
+            with probe.collective("pp", Op.SEND, [tensor], peer=dst) as record:
                 if not record.skip:
                     dist.send(tensor.contiguous(), dst)
 
@@ -119,7 +120,7 @@ class Communicator:
         tensors = []
         for shape, dtype in like:
             tensor = torch.empty(shape, dtype=dtype, device=device)
-            with probe.collective("pp", "recv", [tensor], peer=src) as record:
+            with probe.collective("pp", Op.RECV, [tensor], peer=src) as record:
                 if not record.skip:
                     dist.recv(tensor, src)
             tensors.append(tensor)
