@@ -15,7 +15,7 @@ from diagnose.analysis.position import last_progress, limit_phase, seen_until, w
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.analysis.wording import Words, rank_evidence, ranks_of, who
-from diagnose.core.layout import rank_list
+from diagnose.core.layout import rank_list, tp_group_name
 from diagnose.core.snapshot import PhaseEvent, RaisedError, RankState, Verdict
 from diagnose.core.vocab import Mention, Phase, VerdictKind
 
@@ -86,7 +86,7 @@ def left_waiting(view: View, rank: int, error: RaisedError) -> dict[int, float]:
     if snapshot.command_exit is None or snapshot.stop is not None or raiser.alive \
             or error.step is None:
         return {}
-    members = view.groups.get(f"tp{raiser.identity.pp_rank}", [])
+    members = view.groups.get(tp_group_name(raiser.identity.pp_rank), [])
     left = {}
     for peer in members:
         state = view.ranks.get(peer)

@@ -24,6 +24,7 @@ import pickle
 import time
 from dataclasses import dataclass
 
+from diagnose.core.vocab import P2P_OPS, Op
 from diagnose.offline.synth import OP_S, SHAPE, SynthError
 from diagnose.offline.synth_fr import FR_STEP_S, TORCH_C10D
 
@@ -169,9 +170,9 @@ def _last_step(layout: Layout, rank: int, culprit: int, fault: str) -> str | Non
 
 def _entry(record_id: int, call: Call, t0: float) -> dict:
     created = int((t0 + call.step * FR_STEP_S + call.index * OP_S) * 1e9)
-    p2p = call.op in ("send", "recv")
-    me = call.peer - 1 if call.op == "send" else call.peer + 1 if p2p else None
-    name = (f"nccl:{call.op} {me}->{call.peer}" if call.op == "send" else
+    p2p = call.op in P2P_OPS
+    me = call.peer - 1 if call.op == Op.SEND else call.peer + 1 if p2p else None
+    name = (f"nccl:{call.op} {me}->{call.peer}" if call.op == Op.SEND else
             f"nccl:{call.op} {me}<-{call.peer}" if p2p else f"nccl:{call.op}")
     sizes = [list(call.shape)]
     return {
