@@ -34,15 +34,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.vllm_serving import make_checkpoint  # noqa: E402
 
-from engine import attention, executor, llm_engine, scheduler  # noqa: E402
 from engine.communicator import Communicator, Layout  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.loader import resolve_model  # noqa: E402
-from engine.model_runner import ModelRunner  # noqa: E402
+from engine.core import llm_engine, scheduler  # noqa: E402
+from engine.executor import executor  # noqa: E402
+from engine.model import attention  # noqa: E402
+from engine.model.loader import resolve_model  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.scheduler_output import (PENDING_TOKEN, NewRequest, RequestSampling,  # noqa: E402
                                      SchedulerOutput)
-from engine.shm_ring import ShmRing  # noqa: E402
+from engine.worker.model_runner import ModelRunner  # noqa: E402
+from engine.worker.shm_ring import ShmRing  # noqa: E402
 
 PROMPT_LEN, DECODE_STEPS = 128, 48
 

@@ -21,7 +21,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from engine.llm import LLM
+from engine.entrypoints.llm import LLM
 from engine.sampling_params import SamplingParams
 
 PROMPTS = [f"Request {i}: tell me about pipelines and tensors" for i in range(16)]

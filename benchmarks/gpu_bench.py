@@ -9,7 +9,7 @@ the chunk-size sweep, and tp=2 / pp=2 parity. Writes JSON with the GPU and versi
     engine's inter-token latency (scheduler, broadcast and reply included);
 (b) output tokens/s at batch 1, 32 and 128, ours against HF `generate` on the same
     config and the same dummy weights, bf16;
-(c) the max-num-batched-tokens sweep's TTFT and ITL (engine.bench);
+(c) the max-num-batched-tokens sweep's TTFT and ITL (engine.bench.bench);
 (d) with 2 GPUs: greedy tokens at tp=2 and at pp=2 against tp=1, fp32.
 
 Each part is timed and its result (or its error) written as soon as it ends.
@@ -27,17 +27,17 @@ import traceback
 
 import torch
 
-from engine.bench import Workload, measure, random_prompts, run_bench, sweep_configs, write_plot
+from engine.bench.bench import Workload, measure, random_prompts, run_bench, sweep_configs, write_plot
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.layers import Shard
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.loader import ModelSource, load_weights, resolve_model
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.llm import LLM
+from engine.model.config import ModelConfig
+from engine.model.layers import Shard
+from engine.model.loader import ModelSource, load_weights, resolve_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
+from engine.worker.model_runner import ModelRunner
 
 MODELS = ["llama-3.2-1b", "llama-3.1-8b"]
 BATCHES = [1, 32, 128]

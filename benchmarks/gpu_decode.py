@@ -56,15 +56,15 @@ from gpu_bench import (
 
 from diagnose import probe
 from diagnose.core.vocab import Phase, Role
-from engine import layers
-from engine.bench import measure, random_prompts
+from engine.bench.bench import measure, random_prompts
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner
+from engine.core.llm_engine import LLMEngine
+from engine.model import layers
+from engine.model.loader import resolve_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import PENDING_TOKEN, SchedulerOutput
+from engine.worker.model_runner import ModelRunner
 
 MODEL_8B, MODEL_1B = "llama-3.1-8b", "llama-3.2-1b"
 AIMS = {(MODEL_8B, 1): 1.25, (MODEL_8B, 32): 1.5, (MODEL_8B, 128): 2.0, (MODEL_1B, 1): 2.0}
@@ -100,7 +100,7 @@ class Plan:
 @contextmanager
 def fused_kernels(on: bool):
     """The engine's workers read ENGINE_FUSED_KERNELS when they start; this process's
-    engine.layers reads its flag at every op."""
+    engine.model.layers reads its flag at every op."""
     saved_env, saved_flag = os.environ.get(FUSED_VAR), layers.FUSED_KERNELS
     os.environ[FUSED_VAR], layers.FUSED_KERNELS = ("1" if on else "0"), on
     try:

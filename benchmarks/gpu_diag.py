@@ -489,7 +489,7 @@ def overhead_round(out_dir: str, probe_on: bool, clock: Clock) -> float | str:
 
 def measure_tokens_per_s(path: str) -> None:
     """One engine: a warm-up batch, then the same batch OVERHEAD_REPEATS times."""
-    from engine.llm import LLM
+    from engine.entrypoints.llm import LLM
     from engine.sampling_params import SamplingParams
 
     prompts = [f"Request {i}: where does the time of a decode step go?"

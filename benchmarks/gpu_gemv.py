@@ -33,12 +33,12 @@ import torch.nn.functional as F
 from gpu_bench import copy_bandwidth_gb_s, decode_weight_bytes, gpu_ms, versions
 from gpu_decode import INPUT_LEN, MODEL_1B, MODEL_8B, DecodeLoop, Run, budget_options, engine_itl
 
-from engine import layers
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.loader import resolve_model
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
+from engine.model import layers
+from engine.model.config import ModelConfig
+from engine.model.loader import resolve_model
+from engine.worker.model_runner import ModelRunner
 from kernels.gemv import gemv
 
 CONFIGS = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)

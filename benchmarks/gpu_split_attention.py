@@ -30,11 +30,11 @@ import torch
 from gpu_bench import gpu_ms, versions
 from gpu_decode import INPUT_LEN, DecodeLoop, Run, budget_options
 
-from engine.attention import AttentionMetadata
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner
+from engine.model.attention import AttentionMetadata
+from engine.model.loader import resolve_model
+from engine.worker.model_runner import ModelRunner
 from kernels import attention as attention_kernels
 
 MODEL = "llama-3.1-8b"

@@ -26,8 +26,8 @@ from gpu_decode import DecodeLoop
 
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner
+from engine.model.loader import resolve_model
+from engine.worker.model_runner import ModelRunner
 
 GROUPS = [   # (group, pattern on the kernel's name), first match wins
     ("sampling", r"ArgMax|argmax"),

@@ -163,7 +163,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     meta, scale: float) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged cache; returns [T, H, D].
 
-    `meta` is an engine.attention.AttentionMetadata. The new tokens' keys and
+    `meta` is an engine.model.attention.AttentionMetadata. The new tokens' keys and
     values must already be in the cache (write_kv first).
     """
     _check_inputs(q, k_cache, v_cache)

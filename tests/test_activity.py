@@ -43,10 +43,10 @@ def test_the_fixtures_cover_every_state_a_cpu_process_can_be_caught_in():
 def test_native_frames_decide_only_where_python_frames_say_nothing():
     """Our engine's ring waits with time.sleep: the ring (what it waits for) wins
     over the sleep (how it waits), though the sleep is the inner frame."""
-    frames = ["worker.py:130 _busy_loop", "engine/shm_ring.py:139 dequeue",
-              "engine/shm_ring.py:42 wait", "[native] libpython3.11.so time_sleep",
+    frames = ["worker.py:130 _busy_loop", "worker/shm_ring.py:139 dequeue",
+              "worker/shm_ring.py:42 wait", "[native] libpython3.11.so time_sleep",
               "[native] libc.so.6 clock_nanosleep"]
-    assert classify(frames) == Classified(Activity.IDLE, "engine/shm_ring.py:139 dequeue",
+    assert classify(frames) == Classified(Activity.IDLE, "worker/shm_ring.py:139 dequeue",
                                           "engine-ring-read")
     assert classify(frames[:1] + frames[3:]).activity == Activity.SLEEPING
 
@@ -69,8 +69,8 @@ def test_a_compiled_graph_running_is_not_compiling():
 
 def test_qualified_and_bare_function_names_match_alike():
     """py-spy writes ShmRing.dequeue, the probe's own sampler dequeue."""
-    bare = classify(["engine/shm_ring.py:139 dequeue"])
-    qualified = classify(["engine/shm_ring.py:139 ShmRing.dequeue"])
+    bare = classify(["worker/shm_ring.py:139 dequeue"])
+    qualified = classify(["worker/shm_ring.py:139 ShmRing.dequeue"])
     assert bare.activity == qualified.activity == Activity.IDLE
 
 

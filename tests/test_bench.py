@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from engine.__main__ import parse
-from engine.bench import bench_main
+from engine.bench.bench import bench_main
+from engine.entrypoints.args import config_from_args
+from engine.entrypoints.cli import parse
 
 NUM_PROMPTS, OUTPUT_LEN = 4, 4
 
@@ -70,4 +71,5 @@ def test_bad_flags_are_one_line_errors(argv, message):
 def test_a_bad_output_path_fails_before_any_run(tmp_path):
     path = tmp_path / "missing" / "out.json"
     with pytest.raises(ValueError, match=f"^-o {path}: No such file or directory$"):
-        bench_main(parse(["bench", "--model", "tiny-llama", "-o", str(path)]))
+        args = parse(["bench", "--model", "tiny-llama", "-o", str(path)])
+        bench_main(args, config_from_args(args))

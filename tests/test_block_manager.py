@@ -1,8 +1,8 @@
 """KVCacheManager: ref counts, prefix caching, eviction, all-or-nothing allocation, counters."""
 import pytest
 
-from engine.block_manager import NULL_BLOCK_ID, KVCacheManager
-from engine.request import Request
+from engine.core.block_manager import NULL_BLOCK_ID, KVCacheManager
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 
 BLOCK = 4

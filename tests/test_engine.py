@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from engine.executor import WorkerDiedError
-from engine.llm import LLM
+from engine.entrypoints.llm import LLM
+from engine.executor.executor import WorkerDiedError
 from engine.sampling_params import SamplingParams
 
 PROMPTS = ["Hello, my name is", "The capital of France is a city that",

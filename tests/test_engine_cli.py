@@ -8,9 +8,9 @@ from importlib import metadata
 
 import pytest
 
-from engine.__main__ import NO_MODEL, _parser, parse
-from engine.args import config_from_args
-from engine.vllm_flags import vllm_serve_flags
+from engine.entrypoints.args import config_from_args
+from engine.entrypoints.cli import NO_MODEL, _parser, parse
+from engine.entrypoints.vllm_flags import vllm_serve_flags
 
 
 def refused(capsys, argv: list[str]) -> str:

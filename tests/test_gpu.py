@@ -9,17 +9,17 @@ import json
 import pytest
 import torch
 
-from engine import attention, layers
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.loader import ModelSource, load_weights, resolve_model
-from engine.model import LlamaForCausalLM
-from engine.model_config import LLAMA3_ROPE, ModelConfig
-from engine.model_runner import DecodeGraphs, ModelRunner
+from engine.entrypoints.llm import LLM
+from engine.model import attention, layers
+from engine.model.config import LLAMA3_ROPE, ModelConfig
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import ModelSource, load_weights, resolve_model
+from engine.model.tokenizer import Tokenizer
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
-from engine.tokenizer import Tokenizer
+from engine.worker.model_runner import DecodeGraphs, ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: the Triton kernels, CUDA graphs and NCCL run only there")

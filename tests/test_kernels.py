@@ -20,9 +20,9 @@ import itertools
 
 import pytest
 
-from engine import attention as ref_attention
-from engine import layers as ref_layers
-from engine.attention import AttentionMetadata
+from engine.model import attention as ref_attention
+from engine.model import layers as ref_layers
+from engine.model.attention import AttentionMetadata
 from kernels.activation import gate_up_silu, silu_and_mul
 from kernels import attention as attention_kernels
 from kernels.attention import paged_attention

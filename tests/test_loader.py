@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.loader import ModelError, resolve_model
-from engine.model_config import NAMED_CONFIGS, check_parallel
+from engine.model.config import NAMED_CONFIGS, check_parallel
+from engine.model.loader import ModelError, resolve_model
 
 
 def test_named_dummy_config_resolves_to_a_copy():

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine.attention import AttentionMetadata
 from engine.communicator import Communicator, Layout
-from engine.loader import load_weights, resolve_model
-from engine.model import LlamaForCausalLM, stage_layers
+from engine.model.attention import AttentionMetadata
+from engine.model.llama import LlamaForCausalLM, stage_layers
+from engine.model.loader import load_weights, resolve_model
 
 BLOCK_SIZE = 4
 

@@ -19,7 +19,7 @@ from typing import IO
 import psutil
 import pytest
 
-from engine.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
+from engine.executor.node import HANDSHAKE_TIMEOUT_S, TOKEN_VAR
 from helpers.live_log import text_so_far
 from helpers.peers import until_closed
 from helpers.run import free_port, wait_for

@@ -17,7 +17,7 @@ import pexpect
 import pytest
 
 from diagnose.cli import build_parser
-from engine.__main__ import parse as parse_engine
+from engine.entrypoints.cli import parse as parse_engine
 from helpers.run import free_port, left_behind
 from helpers.terminal import Terminal
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.sampler import Sampler
+from engine.model.sampler import Sampler
 from engine.scheduler_output import RequestSampling
 
 VOCAB = 50

@@ -10,9 +10,9 @@ from collections import deque
 import pytest
 
 from engine.config import EngineConfig
-from engine.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from engine.scheduler_output import PENDING_TOKEN, ModelRunnerOutput, SchedulerOutput
 
 VOCAB = 1000

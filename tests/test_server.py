@@ -22,7 +22,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.loader import resolve_model
+from engine.model.loader import resolve_model
 from helpers.engine_server import (MAX_MODEL_LEN, SHORT, START_TIMEOUT_S, Server, http_get,
                                    start_server, stop_server)
 from helpers.run import REPO

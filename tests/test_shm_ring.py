@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from engine.shm_ring import RingClosed, ShmRing
+from engine.worker.shm_ring import RingClosed, ShmRing
 
 
 def _reader(handle, reader, conn):

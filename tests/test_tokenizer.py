@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.loader import resolve_model
-from engine.model_config import ModelError
-from engine.tokenizer import Tokenizer
+from engine.model.config import ModelError
+from engine.model.loader import resolve_model
+from engine.model.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world",

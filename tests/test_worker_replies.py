@@ -8,9 +8,9 @@ from multiprocessing import Pipe
 
 import torch
 
-from engine.model_runner import SampledStep
 from engine.scheduler_output import ModelRunnerOutput
-from engine.worker import Replies
+from engine.worker.model_runner import SampledStep
+from engine.worker.worker import Replies
 
 
 class FakeEvent:

@@ -75,7 +75,7 @@ ROWS: tuple[Row, ...] = (
     Row("vllm-mq-write", _C, "vLLM's broadcast queue waits for its readers to take a message",
         file=r"device_communicators/shm_broadcast\.py", function=r"acquire_write|enqueue"),
     Row("engine-ring-write", _C, "our engine's ring waits for its readers to take a message",
-        file=r"engine/shm_ring\.py", function=r"enqueue|_write_chunk"),
+        file=r"worker/shm_ring\.py", function=r"enqueue|_write_chunk"),
     # waiting for the GPU
     Row("cuda-sync", _G, "a CUDA stream, event or device synchronize",
         file=r"cuda/(streams|__init__)\.py", function=r"synchronize|wait_event|wait_stream"),
@@ -85,7 +85,7 @@ ROWS: tuple[Row, ...] = (
         native=r"THPVariable_(item|tolist)|_local_scalar_dense|tensor_to_list"),
     # waiting for work
     Row("engine-ring-read", _I, "our engine's worker waits for the next message of its ring",
-        file=r"engine/shm_ring\.py", function=r"dequeue|_read_chunk"),
+        file=r"worker/shm_ring\.py", function=r"dequeue|_read_chunk"),
     Row("vllm-mq-read", _I, "a vLLM worker waits on the engine core's broadcast queue",
         file=r"device_communicators/shm_broadcast\.py",
         function=r"acquire_read|dequeue|recv|wait_until_ready"),

@@ -5,7 +5,7 @@ before its first Worker.execute_model, as a deadlock would: it takes a lock it
 already holds. Its peers go on into the step and wait for it in the TP
 all-reduce and the PP recv. `--fault` cannot do this here: it needs diag's probe,
 which a job started without diag does not run. On PYTHONPATH, Python imports
-this module at start in every process of the job; it patches engine.worker when
+this module at start in every process of the job; it patches engine.worker.worker when
 that module is first imported, and does nothing in a process without the
 variable.
 """
@@ -40,7 +40,7 @@ def _patch(module) -> None:
 
 class _PatchEngineWorker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "engine.worker":
+        if name != "engine.worker.worker":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

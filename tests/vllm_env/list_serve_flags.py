@@ -1,4 +1,4 @@
-"""Writes engine/vllm_serve_flags.txt: every option string of real vLLM's `vllm serve`,
+"""Writes engine/entrypoints/vllm_serve_flags.txt: every option string of real vLLM's `vllm serve`,
 read from vLLM's own argument parser, so that `python -m engine serve` can name the vLLM
 flags it does not have. Run it with vLLM's Python after an upgrade of vLLM:
 
@@ -12,7 +12,7 @@ import vllm
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "..", "engine", "vllm_serve_flags.txt")
+OUT = os.path.join(os.path.dirname(__file__), "..", "..", "engine", "entrypoints", "vllm_serve_flags.txt")
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.loader import SMOLLM2, resolve_model
-from engine.tokenizer import Tokenizer
+from engine.model.loader import SMOLLM2, resolve_model
+from engine.model.tokenizer import Tokenizer
 
 SEED = 1234
 LAYERS, HIDDEN, HEADS, KV_HEADS, MLP = 4, 256, 4, 2, 512

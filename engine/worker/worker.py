@@ -22,9 +22,9 @@ from diagnose.core.proc_names import engine_rank_name, name_this_process
 from diagnose.core.vocab import Phase, Role
 from engine.communicator import Communicator
 from engine.config import EngineConfig
-from engine.loader import resolve_model
-from engine.model_runner import ModelRunner, SampledStep
-from engine.shm_ring import RingClosed, ShmRing
+from engine.model.loader import resolve_model
+from engine.worker.model_runner import ModelRunner, SampledStep
+from engine.worker.shm_ring import RingClosed, ShmRing
 
 WORKER_OVERLAP = os.environ.get("ENGINE_WORKER_OVERLAP", "1") != "0"
 

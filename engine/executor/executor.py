@@ -22,8 +22,8 @@ from diagnose import probe
 from diagnose.core.layout import Layout
 from diagnose.core.vocab import Phase
 from engine.config import EngineConfig
-from engine.local_workers import DEAD_GRACE_S, POLL_S, STOP_GRACE_S, LocalWorkers, WorkerDiedError
-from engine.node import RemoteNode, accept_nodes, init_method
+from engine.executor.local_workers import DEAD_GRACE_S, POLL_S, STOP_GRACE_S, LocalWorkers, WorkerDiedError
+from engine.executor.node import RemoteNode, accept_nodes, init_method
 
 
 def _free_port(host: str) -> int:

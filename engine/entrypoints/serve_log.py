@@ -11,10 +11,10 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from engine.config import EngineConfig
-from engine.engine_core import resolve_device
-from engine.llm_engine import LLMEngine
-from engine.loader import ModelSource
-from engine.openai_protocol import Limits
+from engine.core.engine_core import resolve_device
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.openai_protocol import Limits
+from engine.model.loader import ModelSource
 
 LOG = logging.getLogger("engine.serve")
 

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.args import config_from_args
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 WARMUP_PROMPTS = 4
@@ -250,10 +249,10 @@ def _run_all(runs: list[tuple[str, EngineConfig]], workload: Workload,
     return results
 
 
-def bench_main(args: argparse.Namespace) -> int:
+def bench_main(args: argparse.Namespace, config: EngineConfig) -> int:
+    """The bench of the command line's args, on the engine flags' `config`."""
     from rich.console import Console
 
-    config = config_from_args(args)
     config.validate()
     workload = Workload(args.num_prompts, args.input_len, args.output_len, config.seed)
     workload.validate()

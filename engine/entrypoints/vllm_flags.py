@@ -13,7 +13,7 @@ from importlib import resources
 
 @functools.cache
 def vllm_serve_flags() -> frozenset[str]:
-    text = resources.files("engine").joinpath("vllm_serve_flags.txt").read_text()
+    text = resources.files("engine.entrypoints").joinpath("vllm_serve_flags.txt").read_text()
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
 
 

@@ -16,8 +16,8 @@ import torch
 from diagnose.core.layout import Layout
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.shm_ring import ShmRing
-from engine.worker import WorkerArgs, worker_main
+from engine.worker.shm_ring import ShmRing
+from engine.worker.worker import WorkerArgs, worker_main
 
 POLL_S = 0.5
 STOP_GRACE_S = 5.0   # a clean stop: workers finish what they are doing

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine, RequestOutput
+from engine.core.llm_engine import LLMEngine, RequestOutput
 from engine.sampling_params import SamplingParams
 
 

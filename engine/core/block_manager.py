@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.request import Request
+from engine.core.request import Request
 
 NULL_BLOCK_ID = 0
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import Attention, AttentionMetadata
 from engine.communicator import Communicator
-from engine.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
+from engine.model.attention import Attention, AttentionMetadata
+from engine.model.config import ModelConfig, check_parallel
+from engine.model.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
                            RotaryEmbedding, RowParallelLinear, Shard, VocabParallelEmbedding,
                            silu_and_mul)
-from engine.model_config import ModelConfig, check_parallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 

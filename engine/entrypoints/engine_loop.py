@@ -16,9 +16,9 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from engine.executor import WorkerDiedError
-from engine.llm_engine import LLMEngine, RequestOutput
-from engine.openai_protocol import APIError, invalid
+from engine.core.llm_engine import LLMEngine, RequestOutput
+from engine.entrypoints.openai_protocol import APIError, invalid
+from engine.executor.executor import WorkerDiedError
 from engine.sampling_params import SamplingParams
 
 IDLE_WORKER_CHECK_S = 0.5

@@ -24,14 +24,14 @@ import torch
 from diagnose import probe
 from diagnose.core.vocab import Phase
 from diagnose.core import progress
-from engine.attention import AttentionMetadata
 from engine.communicator import Communicator
 from engine.config import EngineConfig
-from engine.device_copy import to_device
-from engine.layers import pack_linears
-from engine.loader import ModelSource, load_weights
-from engine.model import LlamaForCausalLM
-from engine.sampler import Sampler
+from engine.model.attention import AttentionMetadata
+from engine.model.device_copy import to_device
+from engine.model.layers import pack_linears
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import ModelSource, load_weights
+from engine.model.sampler import Sampler
 from engine.scheduler_output import PENDING_TOKEN, ModelRunnerOutput, RequestSampling, SchedulerOutput
 
 

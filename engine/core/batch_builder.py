@@ -9,8 +9,8 @@ hold them, first.
 """
 from __future__ import annotations
 
-from engine.block_manager import KVCacheManager
-from engine.request import Request
+from engine.core.block_manager import KVCacheManager
+from engine.core.request import Request
 from engine.scheduler_output import PENDING_TOKEN, NewRequest, RequestSampling, SchedulerOutput
 
 

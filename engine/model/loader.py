@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from diagnose.core import progress
-from engine.layers import Shard
-from engine.model_config import NAMED_CONFIGS, ModelConfig, ModelError
-from engine.tokenizer import Tokenizer
+from engine.model.config import NAMED_CONFIGS, ModelConfig, ModelError
+from engine.model.layers import Shard
+from engine.model.tokenizer import Tokenizer
 
 __all__ = ["ModelError", "ModelSource", "resolve_model", "load_weights"]
 

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from engine import metrics, serve_log
-from engine import openai_protocol as protocol
-from engine.args import config_from_args
-from engine.engine_loop import Delta, EngineLoop, unavailable
-from engine.llm_engine import LLMEngine
-from engine.loader import resolve_model
-from engine.model_config import ModelError
-from engine.openai_protocol import APIError, GenerateRequest, Limits, invalid
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints import metrics, serve_log
+from engine.entrypoints import openai_protocol as protocol
+from engine.entrypoints.args import config_from_args
+from engine.entrypoints.engine_loop import Delta, EngineLoop, unavailable
+from engine.entrypoints.openai_protocol import APIError, GenerateRequest, Limits, invalid
+from engine.model.config import ModelError
+from engine.model.loader import resolve_model
 from engine.sampling_params import SamplingParams
 
 MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids

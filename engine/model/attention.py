@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.layers import apply_rotary, fused
+from engine.model.layers import apply_rotary, fused
 
 
 @dataclass

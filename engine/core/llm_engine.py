@@ -11,12 +11,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore
-from engine.loader import resolve_model
-from engine.model_config import check_parallel
-from engine.request import Request
+from engine.core.engine_core import EngineCore
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerStats
+from engine.model.config import check_parallel
+from engine.model.loader import resolve_model
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerStats
 
 DEFAULT_MAX_MODEL_LEN = 4096
 

@@ -17,9 +17,9 @@ import torch
 from diagnose import probe
 from diagnose.core.vocab import Phase, Role
 from engine.config import EngineConfig
-from engine.executor import Executor
-from engine.model_config import ModelConfig
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
+from engine.executor.executor import Executor
+from engine.model.config import ModelConfig
 from engine.scheduler_output import SchedulerOutput
 
 CPU_KV_CACHE_BYTES = 1 << 30

@@ -44,7 +44,7 @@ from diagnose.core.link import Codec, HandshakeError, Limits, Link
 from diagnose.core.listener import Listener
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
+from engine.executor.local_workers import DEAD_GRACE_S, POLL_S, LocalWorkers, WorkerDiedError
 
 TOKEN_VAR = "ENGINE_NODE_TOKEN"
 MIN_TOKEN_CHARS = 8

@@ -17,7 +17,7 @@ import jinja2.sandbox
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from engine.model_config import ModelConfig, ModelError
+from engine.model.config import ModelConfig, ModelError
 
 
 class Tokenizer:

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from engine.device_copy import to_device
+from engine.model.device_copy import to_device
 from engine.sampling_params import GREEDY_BELOW
 from engine.scheduler_output import RequestSampling
 

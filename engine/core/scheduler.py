@@ -25,10 +25,10 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from diagnose import probe
-from engine.batch_builder import BatchBuilder
-from engine.block_manager import KVCacheManager
 from engine.config import EngineConfig
-from engine.request import Request, RequestStatus
+from engine.core.batch_builder import BatchBuilder
+from engine.core.block_manager import KVCacheManager
+from engine.core.request import Request, RequestStatus
 from engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
