@@ -9,7 +9,7 @@ from importlib import metadata
 import pytest
 
 from engine.entrypoints.args import config_from_args
-from engine.entrypoints.cli import NO_MODEL, _parser, parse
+from engine.entrypoints.cli import NO_MODEL, build_parser, parse
 from engine.entrypoints.vllm_flags import vllm_serve_flags
 
 
@@ -96,7 +96,7 @@ def test_gpu_memory_utilization_is_a_fraction(fraction):
 
 def test_every_flag_we_share_with_vllm_is_one_of_its_serve_flags():
     """The list is real vLLM's: the flags that mean the same here are in it."""
-    _, commands = _parser()
+    _, commands = build_parser()
     serve = {flag for action in commands["serve"]._actions for flag in action.option_strings}
     assert len(vllm_serve_flags()) > 400
     # ours alone: the server's limits on what one client may send (#27), and three more
@@ -105,7 +105,7 @@ def test_every_flag_we_share_with_vllm_is_one_of_its_serve_flags():
 
 
 def test_every_argument_has_help():
-    parser, commands = _parser()
+    parser, commands = build_parser()
     for name, command in [("", parser), *commands.items()]:
         bare = [action.dest for action in command._actions
                 if not action.help and not isinstance(action, argparse._SubParsersAction)]

@@ -142,7 +142,8 @@ def _add_bench(sub) -> argparse.ArgumentParser:
     return bench
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's own by name."""
     parser = _Parser(prog="python -m engine", description="the inference engine: vLLM's flags, "
                      "on CPU or GPU, tensor- and pipeline-parallel")
     parser.add_argument("--version", action="version", version=f"%(prog)s (hangscope) {_version()}")
@@ -152,7 +153,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The command line, vLLM's spellings included; bad usage exits 2 with one line."""
-    parser, commands = _parser()
+    parser, commands = build_parser()
     known = {flag for command in commands.values() for action in command._actions
              for flag in action.option_strings}
     args, extras = parser.parse_known_args(dashed(argv, known))
