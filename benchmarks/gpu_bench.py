@@ -33,7 +33,7 @@ from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.entrypoints.llm import LLM
 from engine.model.config import ModelConfig
-from engine.model.layers import Shard
+from engine.model.shard import Shard
 from engine.model.loader import ModelSource, load_weights, resolve_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput

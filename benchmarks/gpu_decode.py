@@ -60,7 +60,7 @@ from engine.bench.bench import measure, random_prompts
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.model import layers
+from engine.model import kernel_flags
 from engine.model.loader import resolve_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import PENDING_TOKEN, SchedulerOutput
@@ -101,12 +101,12 @@ class Plan:
 def fused_kernels(on: bool):
     """The engine's workers read ENGINE_FUSED_KERNELS when they start; this process's
     engine.model.layers reads its flag at every op."""
-    saved_env, saved_flag = os.environ.get(FUSED_VAR), layers.FUSED_KERNELS
-    os.environ[FUSED_VAR], layers.FUSED_KERNELS = ("1" if on else "0"), on
+    saved_env, saved_flag = os.environ.get(FUSED_VAR), kernel_flags.FUSED_KERNELS
+    os.environ[FUSED_VAR], kernel_flags.FUSED_KERNELS = ("1" if on else "0"), on
     try:
         yield
     finally:
-        layers.FUSED_KERNELS = saved_flag
+        kernel_flags.FUSED_KERNELS = saved_flag
         if saved_env is None:
             os.environ.pop(FUSED_VAR, None)
         else:

@@ -178,7 +178,8 @@ def check_replay_position(row: dict, report: dict, run_dir: str) -> list[str]:
                                         ("group", "op", "seq", "site", "t_device_start")}
     if stuck is None:
         return [f"no record at {verdict.get('group')} seq {verdict.get('seq')}"]
-    if stuck["op"] != "all_reduce" or "layers.py" not in stuck["site"]:
+    if stuck["op"] != "all_reduce" or not stuck["site"].startswith(("model/linear.py",
+                                                                     "model/embed_head.py")):
         return [f"device position {stuck['op']} at {stuck['site']} is not inside the replay"]
     if verdict["kind"] == "stuck_in_phase" and stuck["t_device_start"] is None:
         return ["rank 0's GPU is not seen inside its replay"]

@@ -35,7 +35,7 @@ from gpu_decode import INPUT_LEN, MODEL_1B, MODEL_8B, DecodeLoop, Run, budget_op
 
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
-from engine.model import layers
+from engine.model import kernel_flags
 from engine.model.config import ModelConfig
 from engine.model.loader import resolve_model
 from engine.worker.model_runner import ModelRunner
@@ -101,16 +101,16 @@ def kernel_sweep(bandwidth_gb_s: float) -> list[dict]:
 
 # -- (b) the 8B runner at batch 1 ----------------------------------------------------
 
-ARMS = {"cublas": False, "engine": True}   # arm -> layers.GEMV while its graph is captured
+ARMS = {"cublas": False, "engine": True}   # arm -> kernel_flags.GEMV while its graph is captured
 
 
 def capture(runner: ModelRunner, gemv_on: bool):
-    saved = layers.GEMV
-    layers.GEMV = gemv_on
+    saved = kernel_flags.GEMV
+    kernel_flags.GEMV = gemv_on
     try:
         runner.warmup()
     finally:
-        layers.GEMV = saved
+        kernel_flags.GEMV = saved
     return runner.decode_graphs
 
 

@@ -12,14 +12,15 @@ import torch
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
 from engine.entrypoints.llm import LLM
-from engine.model import attention, layers
+from engine.model import activation, attention, embed_head, layernorm, rotary_embedding
 from engine.model.config import LLAMA3_ROPE, ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_weights, resolve_model
 from engine.model.tokenizer import Tokenizer
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequest, RequestSampling, SchedulerOutput
-from engine.worker.model_runner import DecodeGraphs, ModelRunner
+from engine.worker.cuda_graphs import DecodeGraphs
+from engine.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: the Triton kernels, CUDA graphs and NCCL run only there")
@@ -50,16 +51,16 @@ def test_each_op_dispatches_to_its_kernel_on_cuda(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x, residual = torch.randn(7, 256, generator=gen), torch.randn(7, 256, generator=gen)
     weight = torch.randn(256, generator=gen)
-    (out, new_residual), (ref, ref_residual) = (layers.rms_norm(t(x), t(weight), 1e-5, t(residual))
+    (out, new_residual), (ref, ref_residual) = (layernorm.rms_norm(t(x), t(weight), 1e-5, t(residual))
                                                 for t in (torch.Tensor.cuda, torch.Tensor.cpu))
     assert relative_error(out, ref) < 1e-5 and relative_error(new_residual, ref_residual) < 1e-5
-    assert relative_error(layers.silu_and_mul(x.cuda()), layers.silu_and_mul(x)) < 1e-5
+    assert relative_error(activation.silu_and_mul(x.cuda()), activation.silu_and_mul(x)) < 1e-5
 
     q, k = torch.randn(7, 8, 32, generator=gen), torch.randn(7, 2, 32, generator=gen)
     positions = torch.randint(0, 100, (7,), generator=gen)
-    cache = layers.rope_cos_sin_cache(32, 100, 10000.0, None)
-    for out, ref in zip(layers.apply_rotary(q.cuda(), k.cuda(), positions.cuda(), cache.cuda()),
-                        layers.apply_rotary(q, k, positions, cache)):
+    cache = rotary_embedding.rope_cos_sin_cache(32, 100, 10000.0, None)
+    for out, ref in zip(rotary_embedding.apply_rotary(q.cuda(), k.cuda(), positions.cuda(), cache.cuda()),
+                        rotary_embedding.apply_rotary(q, k, positions, cache)):
         assert relative_error(out, ref) < 1e-5
 
     # Request 0: a 3-token prompt in block 0; request 1: 4 new tokens after 3 cached ones, block 1.
@@ -80,7 +81,7 @@ def test_each_op_dispatches_to_its_kernel_on_cuda(monkeypatch):
     assert relative_error(*outputs) < 1e-5
 
     ids = torch.tensor([0, 5, 99, 3])
-    (out, rows), (ref, ref_rows) = (layers.embed(t(ids), t(x[:, :32]), 2, t(weight[:32]), 1e-5)
+    (out, rows), (ref, ref_rows) = (embed_head.embed(t(ids), t(x[:, :32]), 2, t(weight[:32]), 1e-5)
                                     for t in (torch.Tensor.cuda, torch.Tensor.cpu))
     assert relative_error(out, ref) < 1e-5 and torch.equal(rows.cpu(), ref_rows)
     outputs = []

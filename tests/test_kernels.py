@@ -21,7 +21,10 @@ import itertools
 import pytest
 
 from engine.model import attention as ref_attention
-from engine.model import layers as ref_layers
+from engine.model import activation as ref_activation
+from engine.model import embed_head as ref_embed_head
+from engine.model import layernorm as ref_layernorm
+from engine.model import rotary_embedding as ref_rotary
 from engine.model.attention import AttentionMetadata
 from kernels.activation import gate_up_silu, silu_and_mul
 from kernels import attention as attention_kernels
@@ -246,7 +249,7 @@ def test_rms_norm(dtype, with_residual, hidden, gen):
     weight = randn(hidden, dtype=dtype, gen=gen)
     residual = randn(SIZES.tokens, hidden, dtype=dtype, gen=gen) if with_residual else None
     out = rms_norm(x, weight, 1e-6, residual)
-    ref = ref_layers.rms_norm(x.cpu().float(), weight.cpu().float(), 1e-6,
+    ref = ref_layernorm.rms_norm(x.cpu().float(), weight.cpu().float(), 1e-6,
                               residual.cpu().float() if with_residual else None)
     if with_residual:
         (out, new_residual), (ref, ref_residual) = out, ref
@@ -265,9 +268,9 @@ def test_apply_rotary_on_qkv_views(dtype, head_dim, gen):
     positions = torch.randint(0, max_positions, (SIZES.tokens,), generator=gen)
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 1024}
-    cos_sin_cache = ref_layers.rope_cos_sin_cache(head_dim, max_positions, 500000.0, scaling)
+    cos_sin_cache = ref_rotary.rope_cos_sin_cache(head_dim, max_positions, 500000.0, scaling)
     q_out, k_out = apply_rotary(q, k, positions.to(DEVICE), cos_sin_cache.to(DEVICE))
-    q_ref, k_ref = ref_layers.apply_rotary(q.cpu().float(), k.cpu().float(), positions, cos_sin_cache)
+    q_ref, k_ref = ref_rotary.apply_rotary(q.cpu().float(), k.cpu().float(), positions, cos_sin_cache)
     assert q_out.dtype == k_out.dtype == dtype
     assert_close(q_out, q_ref, dtype)
     assert_close(k_out, k_ref, dtype)
@@ -284,7 +287,7 @@ def test_rotary_write_kv_matches_rotary_then_write_kv(dtype, head_dim, block_siz
     q, k, v = qkv.split(sizes, dim=-1)
     q, k, v = q.view(-1, num_heads, head_dim), k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
     positions = torch.randint(0, max_positions, (SIZES.tokens,), generator=gen)
-    cos_sin_cache = ref_layers.rope_cos_sin_cache(head_dim, max_positions, 500000.0, None)
+    cos_sin_cache = ref_rotary.rope_cos_sin_cache(head_dim, max_positions, 500000.0, None)
     num_blocks = -(-SIZES.tokens // block_size) + 2
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:SIZES.tokens]
     cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -311,7 +314,7 @@ def test_embed_with_and_without_the_first_norm(dtype, vocab_start, with_norm, ge
     ids = torch.randint(0, vocab_start + rows + 5, (SIZES.tokens,), generator=gen)
     ids[0], ids[-1] = vocab_start, vocab_start + rows  # the first row of the slice; one past its end
     out = embed(ids.to(DEVICE), table, vocab_start, weight, 1e-5)
-    ref = ref_layers.embed(ids, table.cpu().float(), vocab_start,
+    ref = ref_embed_head.embed(ids, table.cpu().float(), vocab_start,
                            weight.cpu().float() if with_norm else None, 1e-5)
     if with_norm:
         (out, embedded), (ref, ref_embedded) = out, ref
@@ -330,7 +333,7 @@ def test_silu_and_mul(dtype, width, gen):
     x = randn(SIZES.tokens, width, dtype=dtype, gen=gen)
     out = silu_and_mul(x)
     assert out.shape == (SIZES.tokens, width // 2) and out.dtype == dtype
-    assert_close(out, ref_layers.silu_and_mul(x.cpu().float()), dtype)
+    assert_close(out, ref_activation.silu_and_mul(x.cpu().float()), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -341,7 +344,7 @@ def test_gate_up_silu_matches_product_then_silu_and_mul(dtype, rows, gen):
     x = randn(rows, hidden, dtype=dtype, gen=gen)
     weight = randn(2 * width, hidden, dtype=dtype, gen=gen) / hidden ** 0.5
     out = gate_up_silu(x, weight)
-    ref = ref_layers.silu_and_mul(x.cpu().float() @ weight.cpu().float().T)
+    ref = ref_activation.silu_and_mul(x.cpu().float() @ weight.cpu().float().T)
     assert out.shape == (rows, width) and out.dtype == dtype
     assert_close(out, ref, dtype)
 

@@ -1,7 +1,8 @@
 """What one rank computes, and from which weights and tokens.
 
 config.py (ModelConfig, the named configs, the TP/PP checks), llama.py (the decoder:
-one PP stage's slice of layers), the layers (one concept per module), attention.py
+one PP stage's slice of layers), its layers one concept to a module (layernorm,
+rotary_embedding, activation, linear, embed_head; shard.py, kernel_flags.py), attention.py
 (the paged KV cache and attention over it), sampler.py, loader.py (a model name or
 path -> weights, one rank's shard of them) and tokenizer.py; device_copy.py puts
 host lists on the device without waiting for the step in flight.

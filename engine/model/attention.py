@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.model.layers import apply_rotary, fused
+from engine.model.kernel_flags import fused
+from engine.model.rotary_embedding import apply_rotary
 
 
 @dataclass

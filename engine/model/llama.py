@@ -10,11 +10,14 @@ import torch
 from torch import nn
 
 from engine.communicator import Communicator
+from engine.model.activation import silu_and_mul
 from engine.model.attention import Attention, AttentionMetadata
 from engine.model.config import ModelConfig, check_parallel
-from engine.model.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
-                           RotaryEmbedding, RowParallelLinear, Shard, VocabParallelEmbedding,
-                           silu_and_mul)
+from engine.model.embed_head import ParallelLMHead, VocabParallelEmbedding
+from engine.model.layernorm import RMSNorm
+from engine.model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.model.rotary_embedding import RotaryEmbedding
+from engine.model.shard import Shard
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 

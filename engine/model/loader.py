@@ -21,7 +21,7 @@ from torch import nn
 
 from diagnose.core import progress
 from engine.model.config import NAMED_CONFIGS, ModelConfig, ModelError
-from engine.model.layers import Shard
+from engine.model.shard import Shard
 from engine.model.tokenizer import Tokenizer
 
 __all__ = ["ModelError", "ModelSource", "resolve_model", "load_weights"]

@@ -1,0 +1,20 @@
+"""Which ops send CUDA tensors to our Triton kernels (kernels/), for comparing the two ways.
+
+ENGINE_FUSED_KERNELS=0 sends CUDA tensors through the torch path of a fused op (the
+embedding and the first RMSNorm; rotary and the KV-cache write): its two unfused ops.
+ENGINE_GEMV=0 sends batch-1 products to cuBLAS too. Both are read at every op from this
+module, so a benchmark may flip them between runs.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FUSED_KERNELS = os.environ.get("ENGINE_FUSED_KERNELS", "1") != "0"
+GEMV = os.environ.get("ENGINE_GEMV", "1") != "0"
+
+
+def fused(x: torch.Tensor) -> bool:
+    """Whether x's op takes its fused kernel."""
+    return x.is_cuda and FUSED_KERNELS

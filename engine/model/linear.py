@@ -1,0 +1,119 @@
+"""The projections: column- and row-parallel linears, and the one product they all use.
+
+Products go to cuBLAS (oneDNN on a CPU), but for one row on a GPU: kernels/gemv.py.
+On a CPU a bfloat16 weight may be packed once into oneDNN's blocked layout
+(pack_linears); every projection that `linear` computes declares `packed` for it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.communicator import Communicator
+from engine.model import kernel_flags
+from engine.model.shard import Shard, param
+
+
+def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """x W^T (+ b) with a projection's weight, or with the copy pack_linears made of it."""
+    if module.packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, module.packed, module.bias, "none", [], "")
+    if _takes_gemv(x, module):
+        from kernels.gemv import gemv
+        return gemv(x, module.weight)
+    return F.linear(x, module.weight, module.bias)
+
+
+def _takes_gemv(x: torch.Tensor, module: nn.Module) -> bool:
+    """One row times a 16-bit weight without a bias: kernels/gemv.py reads such a weight
+    faster than cuBLAS (on an H200: docs/performance.md, "Batch-1 products")."""
+    return (kernel_flags.GEMV and x.shape[0] == 1 and kernel_flags.fused(x) and module.bias is None and x.stride(-1) == 1
+            and module.weight.element_size() == 2)
+
+
+def pack_linears(model: nn.Module) -> None:
+    """On a CPU, reorder each bfloat16 projection's weight once into the blocked layout
+    oneDNN computes in, instead of at every product (the same numbers; the tiny test
+    Llama's LM head at 16 rows took 3.5 ms, now 2.1, its layers' products 1.3-1.7x
+    less). The plain weight is dropped; a tied embedding keeps its own."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return
+    for module in model.modules():
+        if (hasattr(module, "packed")
+                and module.weight.device.type == "cpu" and module.weight.dtype == torch.bfloat16):
+            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight, None)
+            module.weight = None
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T (+ b), W's output rows split across TP ranks. A fused projection lists its
+    parts in `output_sizes`; each part is split on its own, so rank r holds the r-th slice of
+    every part, side by side."""
+    packed = None
+
+    def __init__(self, input_size: int, output_sizes: list[int], comm: Communicator, bias: bool,
+                 dtype: torch.dtype, device):
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = output_sizes
+        self.local_sizes = [size // comm.tp_size for size in output_sizes]
+        self.tp_rank = comm.tp_rank
+        self.weight = param(sum(self.local_sizes), input_size, dtype=dtype, device=device)
+        self.bias = param(sum(self.local_sizes), dtype=dtype, device=device) if bias else None
+
+    def forward(self, x):
+        return linear(x, self)
+
+    def shards(self, names: list[str]) -> list[Shard]:
+        """`names`: the checkpoint module of each part, e.g. [...q_proj, ...k_proj, ...v_proj]."""
+        shards, offset = [], 0
+        for name, full, local in zip(names, self.output_sizes, self.local_sizes):
+            start = self.tp_rank * local
+            shards.append(Shard(f"{name}.weight", (full, self.input_size), 0, start, local,
+                                self.weight[offset:offset + local]))
+            if self.bias is not None:
+                shards.append(Shard(f"{name}.bias", (full,), 0, start, local,
+                                    self.bias[offset:offset + local]))
+            offset += local
+        return shards
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; each rank holds whole heads."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 comm: Communicator, bias: bool, dtype: torch.dtype, device):
+        super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim,
+                                       num_kv_heads * head_dim], comm, bias, dtype, device)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return qkv.split(self.local_sizes, dim=-1)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """The MLP's gate and up projections in one matmul: output [gate | up] for silu_and_mul."""
+
+    def __init__(self, input_size: int, intermediate_size: int, comm: Communicator,
+                 dtype: torch.dtype, device):
+        super().__init__(input_size, [intermediate_size] * 2, comm, False, dtype, device)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T, W's input columns split across TP ranks; the partial sums are all-reduced."""
+    packed = bias = None
+
+    def __init__(self, input_size: int, output_size: int, comm: Communicator,
+                 dtype: torch.dtype, device):
+        super().__init__()
+        self.comm = comm
+        self.input_size = input_size
+        self.weight = param(output_size, input_size // comm.tp_size, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.comm.all_reduce(linear(x, self))
+
+    def shards(self, name: str) -> list[Shard]:
+        local = self.weight.shape[1]
+        return [Shard(f"{name}.weight", (self.weight.shape[0], self.input_size), 1,
+                      self.comm.tp_rank * local, local, self.weight)]
