@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import json
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -32,12 +30,12 @@ from engine.entrypoints import metrics, serve_log
 from engine.entrypoints import openai_protocol as protocol
 from engine.entrypoints.args import config_from_args
 from engine.entrypoints.engine_loop import Delta, EngineLoop, unavailable
+from engine.entrypoints.http_io import MAX_BODY_BYTES, collect, error_json, json_body, stream_events
 from engine.entrypoints.openai_protocol import APIError, GenerateRequest, Limits, invalid
 from engine.model.config import ModelError
 from engine.model.loader import resolve_model
 from engine.sampling_params import SamplingParams
 
-MAX_BODY_BYTES = 4 << 20    # a 128k-token prompt fits, as text or as token ids
 TRIM_AFTER_CHARS = 1 << 16  # tokenizing a prompt this long frees megabytes the heap keeps
 ALL_INTERFACES = "0.0.0.0"  # vLLM's bind address without --host
 _LIBC = ctypes.CDLL(None)   # the process's own C library: with glibc, it has malloc_trim
@@ -54,7 +52,7 @@ class OpenAIServer:
         self.metrics = metrics.ServerMetrics(model_name, lambda: engine_loop.stats)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_error_json], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[error_json], client_max_size=MAX_BODY_BYTES)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -86,7 +84,7 @@ class OpenAIServer:
         deltas = self._generate(req_id, token_ids, params)
         if gen.stream:
             return await self._stream_completion(request, gen, req_id, len(token_ids), deltas)
-        text, num_tokens, finish_reason = await _collect(deltas)
+        text, num_tokens, finish_reason = await collect(deltas)
         return web.json_response(protocol.completion(
             req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
 
@@ -96,7 +94,7 @@ class OpenAIServer:
         deltas = self._generate(req_id, token_ids, params)
         if gen.stream:
             return await self._stream_chat(request, gen, req_id, len(token_ids), deltas)
-        text, num_tokens, finish_reason = await _collect(deltas)
+        text, num_tokens, finish_reason = await collect(deltas)
         return web.json_response(protocol.chat_completion(
             req_id, self.model_name, text, finish_reason, protocol.usage(len(token_ids), num_tokens)))
 
@@ -105,7 +103,7 @@ class OpenAIServer:
         no handler for long."""
         try:
             async with asyncio.timeout(self.limits.idle_timeout_s):
-                return await _json_body(request)
+                return await json_body(request)
         except TimeoutError:
             raise APIError(408, f"the request body did not arrive within "
                            f"{self.limits.idle_timeout_s:g} s (--idle-timeout)",
@@ -199,7 +197,7 @@ class OpenAIServer:
             return protocol.completion(req_id, self.model_name, None, None,
                                        protocol.usage(num_prompt_tokens, num_tokens), chunk=True)
 
-        return await _sse(request, gen.include_usage, deltas, chunk, usage_chunk)
+        return await stream_events(request, gen.include_usage, deltas, chunk, usage_chunk)
 
     async def _stream_chat(self, request: web.Request, gen: GenerateRequest, req_id: str,
                            num_prompt_tokens: int, deltas: AsyncIterator[Delta]) -> web.StreamResponse:
@@ -212,7 +210,7 @@ class OpenAIServer:
                                        usage_json=protocol.usage(num_prompt_tokens, num_tokens))
 
         role = protocol.chat_chunk(req_id, self.model_name, {"role": "assistant", "content": ""})
-        return await _sse(request, gen.include_usage, deltas, chunk, usage_chunk, first=role)
+        return await stream_events(request, gen.include_usage, deltas, chunk, usage_chunk, first=role)
 
 
 def _give_back_freed_memory() -> None:
@@ -222,89 +220,6 @@ def _give_back_freed_memory() -> None:
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
-
-
-async def _collect(deltas: AsyncIterator[Delta]) -> tuple[str, int, str | None]:
-    text, num_tokens, finish_reason = "", 0, None
-    async with aclosing(deltas):
-        async for delta in deltas:
-            text += delta.text
-            num_tokens += delta.num_tokens
-            finish_reason = delta.finish_reason
-    return text, num_tokens, finish_reason
-
-
-async def _sse(request: web.Request, include_usage: bool, deltas: AsyncIterator[Delta],
-               chunk: Callable[[Delta], dict], usage_chunk: Callable[[int], dict],
-               first: dict | None = None) -> web.StreamResponse:
-    """Stream `data: {json}` events, one per delta that has text or ends the request, then
-    the usage chunk if asked for, then `data: [DONE]`. The headers go out with the first
-    token, so that an error before it keeps its HTTP status; one after it becomes an
-    error event."""
-    async with aclosing(deltas):
-        head = await anext(deltas)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        try:
-            if first is not None:
-                await _send_event(response, first)
-            num_tokens = await _send_delta(response, head, chunk)
-            async for delta in deltas:
-                num_tokens += await _send_delta(response, delta, chunk)
-            if include_usage:
-                await _send_event(response, usage_chunk(num_tokens))
-        except APIError as error:
-            await _send_event(response, error.to_json())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-async def _send_delta(response: web.StreamResponse, delta: Delta,
-                      chunk: Callable[[Delta], dict]) -> int:
-    """Send the delta if it has text or ends the request; returns its token count."""
-    if delta.text or delta.finished:
-        await _send_event(response, chunk(delta))
-    return delta.num_tokens
-
-
-async def _send_event(response: web.StreamResponse, body: dict) -> None:
-    await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
-
-
-async def _json_body(request: web.Request):
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise APIError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB",
-                       code="request_too_large") from None
-    try:
-        body = json.loads(raw, parse_constant=_not_json)
-        json.dumps(body, ensure_ascii=False).encode()   # no tokenizer takes a lone surrogate
-    except UnicodeEncodeError:
-        raise invalid("the request body has text that is not valid Unicode "
-                      "(a lone surrogate such as \\ud800)") from None
-    except (ValueError, RecursionError) as error:
-        raise invalid(f"the request body is not valid JSON: {error}") from None
-    return body
-
-
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not a JSON value")
-
-
-@web.middleware
-async def _error_json(request: web.Request, handler) -> web.StreamResponse:
-    """Every error as OpenAI's `{"error": {...}}`, aiohttp's own (404, 405) included."""
-    try:
-        return await handler(request)
-    except APIError as error:
-        return web.json_response(error.to_json(), status=error.status)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        return web.json_response(APIError(error.status, error.reason).to_json(), status=error.status)
 
 
 # -- running the server ---------------------------------------------------------
