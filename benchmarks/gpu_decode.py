@@ -100,7 +100,7 @@ class Plan:
 @contextmanager
 def fused_kernels(on: bool):
     """The engine's workers read ENGINE_FUSED_KERNELS when they start; this process's
-    engine.model.layers reads its flag at every op."""
+    engine.model.kernel_flags is read at every op."""
     saved_env, saved_flag = os.environ.get(FUSED_VAR), kernel_flags.FUSED_KERNELS
     os.environ[FUSED_VAR], kernel_flags.FUSED_KERNELS = ("1" if on else "0"), on
     try:
