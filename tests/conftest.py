@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from helpers import vllm_serving
 from helpers.run import REPO
 
 RUNS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs")
@@ -60,6 +61,21 @@ def _tier(item) -> str | None:
         if tiers:
             return tiers[0]
     return FILE_TIERS.get(os.path.basename(str(item.fspath)))
+
+
+_named_vllm: dict[str, str | None] = {}   # "reason": why that venv's vLLM does not import
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A vLLM venv named by HANGSCOPE_VLLM_VENV (.ci/run's oldest release) is wanted:
+    without a vLLM that imports there, each vLLM test fails with the reason."""
+    if item.get_closest_marker("vllm") is None or not vllm_serving.VENV_NAMED:
+        return
+    if "reason" not in _named_vllm:
+        _named_vllm["reason"] = vllm_serving.import_error("vllm", "hs_test_faults")
+    if _named_vllm["reason"]:
+        pytest.fail(f"{vllm_serving.VENV_VAR}: {_named_vllm['reason']}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

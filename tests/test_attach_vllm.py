@@ -17,12 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.vllm_serving import VLLM, Server, make_checkpoint, serve_command
+from helpers.vllm_serving import Server, make_checkpoint, serve_command, vllm_missing
 
 from helpers.run import diag, free_port
 
 pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed here: "
+              pytest.mark.skipif(vllm_missing(), reason="real vLLM is not installed here: "
                                  "run ./setup.sh --tests (CI does)"),
               pytest.mark.timeout(1500)]
 

@@ -15,10 +15,11 @@ import psutil
 import pytest
 
 from helpers.collecting import collect
-from helpers.vllm_serving import PROMPT, VLLM, Server, launch_vllm, make_checkpoint, serve_command
+from helpers.vllm_serving import (PROMPT, Server, launch_vllm, make_checkpoint, serve_command,
+                                  vllm_missing)
 from helpers.run import free_port
 
-pytestmark = [pytest.mark.skipif(not VLLM.exists(), reason="real vLLM is not installed "
+pytestmark = [pytest.mark.skipif(vllm_missing(), reason="real vLLM is not installed "
                                  "here: run ./setup.sh --tests (CI does)"),
               pytest.mark.timeout(900)]
 DETECT_S = 5.0
@@ -61,6 +62,7 @@ def assert_nothing_left(checkpoint: Path, shm_before: set[str]) -> None:
     assert shm_files() - shm_before == set()
 
 
+@pytest.mark.every_release
 def test_tp2_rank0_that_never_reaches_its_4th_step_is_named_not_its_peer(tmp_path, checkpoint,
                                                                           cache):
     shm_before = shm_files()
@@ -120,6 +122,7 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
     assert verdict["detected_after_s"] < 5.0
 
 
+@pytest.mark.every_release
 def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
         tmp_path, checkpoint, cache):
     shm_before = shm_files()
@@ -146,4 +149,6 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     assert body["verdicts"] == []
     assert len(texts) >= 10 and set(texts) == {reference}, (reference, set(texts))
     assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]
+    # each row of the hook table that this release has was applied: no "vLLM ..." note
+    assert not [note for note in body["notes"] if note.startswith("vLLM ")], body["notes"]
     assert_nothing_left(checkpoint, shm_before)

@@ -17,11 +17,11 @@ import pytest
 
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
 from helpers.terminal import Terminal
-from helpers.vllm_faults import culprits, launch, plugin_installed
+from helpers.vllm_faults import culprits, launch, plugin_missing
 from helpers.vllm_serving import make_checkpoint
 
 pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not plugin_installed(), reason="real vLLM or the tests' "
+              pytest.mark.skipif(plugin_missing(), reason="real vLLM or the tests' "
                                  "fault plugin is not installed: run ./setup.sh --tests"),
               pytest.mark.timeout(1800)]
 DETECT_S = 10.0           # loose: CI shares two cores with vLLM's compile workers
@@ -69,6 +69,7 @@ def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:
         terminal.child.close()
 
 
+@pytest.mark.every_release
 def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits(
         tmp_path, checkpoint, cache):
     run = launch(tmp_path, checkpoint, cache, "rank=0,call=5,kind=sleep")

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.vllm_serving import READY_TIMEOUT_S, VLLM, Server, launch_vllm
+from helpers.vllm_serving import (READY_TIMEOUT_S, VENV_NAMED, VLLM, Server, import_error,
+                                  launch_vllm)
 
 # a cold compile of four ranks on a loaded 2-core machine; override with HS_VLLM_READY_S
 READY_S = float(os.environ.get("HS_VLLM_READY_S", READY_TIMEOUT_S))
@@ -22,11 +22,13 @@ BATCHED_TOKENS = ("--max-num-batched-tokens", "512")
 
 
 def plugin_installed() -> bool:
-    if not VLLM.exists():
-        return False
-    done = subprocess.run([str(VLLM.parent / "python"), "-c", "import hs_test_faults"],
-                          capture_output=True, timeout=60)
-    return done.returncode == 0
+    return VLLM.exists() and import_error("hs_test_faults") is None
+
+
+def plugin_missing() -> bool:
+    """Whether the tests that need the fault plugin skip: it is not installed, and no
+    vLLM venv was asked for (HANGSCOPE_VLLM_VENV)."""
+    return not VENV_NAMED and not plugin_installed()
 
 
 @dataclass

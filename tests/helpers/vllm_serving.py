@@ -29,13 +29,36 @@ from diagnose.launch.leftovers import SharedMemoryTracker
 from helpers.run import DIAG, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_VAR = "HANGSCOPE_VLLM_VENV"   # another vLLM's venv (benchmarks/vllm_matrix.py sets it)
-VLLM = Path(os.environ.get(VENV_VAR) or REPO / ".venv-vllm") / "bin" / "vllm"
+# Another vLLM's venv (.ci/run sets it for the oldest release, benchmarks/vllm_matrix.py
+# for each of its releases). A venv named so is wanted: without a working vLLM there,
+# its tests fail with the reason (tests/conftest.py) instead of skipping.
+VENV_VAR = "HANGSCOPE_VLLM_VENV"
+VENV_NAMED = bool(os.environ.get(VENV_VAR))
+VLLM = (Path(os.environ.get(VENV_VAR) or REPO / ".venv-vllm") / "bin" / "vllm").absolute()
 MAKE_CHECKPOINT = REPO / "tests" / "vllm_env" / "make_tiny_llama.py"
 READY_TIMEOUT_S = float(os.environ.get("HANGSCOPE_VLLM_READY_S", 420))   # a cold compile on a
                                # loaded 2-core machine; benchmarks/vllm_matrix.py may give more
 BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}   # VLLM_CPU_OMP_THREADS_BIND by world size
 PROMPT = "The capital of France is"
+
+
+def vllm_missing() -> bool:
+    """Whether the vLLM tests skip: no vLLM here, and none was asked for."""
+    return not VENV_NAMED and not VLLM.exists()
+
+
+def import_error(*modules: str) -> str | None:
+    """None when the venv's Python imports the modules; else why not (the last line
+    of its error)."""
+    python = VLLM.parent / "python"
+    if not python.exists():
+        return f"{python} does not exist"
+    done = subprocess.run([str(python), "-c", f"import {', '.join(modules)}"],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+    return f"{python} cannot import {', '.join(modules)}: {lines[-1]}"
 
 
 def make_checkpoint(out: Path) -> Path:
