@@ -136,7 +136,26 @@ class Server:
                     return time.monotonic() - start
             except (urllib.error.URLError, OSError):
                 time.sleep(1.0)
-        raise AssertionError(f"not ready in {timeout:.0f} s:\n{self.tail()}")
+        tail = self.tail()
+        self.give_up()
+        raise AssertionError(f"not ready in {timeout:.0f} s:\n{tail}")
+
+    def give_up(self, grace: float = 30) -> None:
+        """Ends the command and all it started: SIGINT (diag launch then ends its job and
+        tidies up), SIGKILL to what is left after `grace` (vLLM starting up ignores SIGINT)."""
+        try:
+            tree = [psutil.Process(self.process.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            tree = []
+        self.interrupt()
+        _, alive = psutil.wait_procs(tree, timeout=grace)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        self.finish()
 
     def complete(self, prompt: str = PROMPT, max_tokens: int = 12, timeout: float = 120) -> str:
         body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
