@@ -7,10 +7,8 @@
 #   packages that vLLM on CPU does not use are left out: torchvision, torchaudio, torchcodec
 #   (they drag in torch builds that do not match) and triton (a 286 MB download, 1 GB on
 #   disk; vLLM's CPU platform disables it anyway; only xgrammar asks for it). Not triton
-#   where torch is the CUDA build (below): it is that torch's own pinned dependency, and
-#   without it a job under diag launch imports the debugger's triton, found on the path
-#   the probe's bootstrap appends, whose version does not match (vLLM 0.11 then fails
-#   to compile: "cannot import name 'triton_key'").
+#   where torch is the CUDA build (below): it is that torch's own pinned dependency, kept
+#   as the release's resolution has it (vLLM 0.11 on CPU was tested with it only).
 # - RELOCK=1 (or a missing lock file) resolves again from the release's own metadata: its
 #   torch pin is a CPU build (torch==X+cpu) that the registry has only for 0.32's torch; for
 #   the others it has torch==X, the CUDA build with its nvidia-* libraries (about 3-4 GB; it
