@@ -57,7 +57,13 @@ def main() -> None:
                         help="a remark on a release's results, kept in the JSON and the table")
     parser.add_argument("--hooks-only", action="store_true",
                         help="no install: the hook rows from the release's wheel")
+    parser.add_argument("--junit", type=Path, default=None,
+                        help="the tests' results from a run already made against the one "
+                             "release given (pytest's --junitxml, e.g. from .ci/run), "
+                             "instead of running them again")
     opts = parser.parse_args()
+    if opts.junit and len(opts.releases) != 1:
+        parser.error("--junit goes with exactly one release")
     results = _load()
     for remark in opts.remark:
         version, _, text = remark.partition("=")
@@ -104,7 +110,10 @@ def measure(version: str, venv: Path | None, opts) -> dict:
     entry["venv_mb"] = _size_mb(venv)
     entry["torch"] = _run(venv, "import torch; print(torch.__version__)")
     entry |= hooks(venv)
-    entry["tests"] = {} if opts.no_tests else tests(venv, opts.k, opts.ready_s)
+    if opts.junit:
+        entry["tests"] = read_junit(opts.junit)
+    else:
+        entry["tests"] = {} if opts.no_tests else tests(venv, opts.k, opts.ready_s)
     return entry
 
 
@@ -192,23 +201,27 @@ def tests(venv: Path, select: str, ready_s: float | None) -> dict:
         if ready_s is not None:
             env["HANGSCOPE_VLLM_READY_S"] = str(ready_s)
         subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
-        if not report.exists():
-            return {}
-        outcome = {}
-        for case in ElementTree.parse(report).iter("testcase"):
-            failed = case.find("failure")
-            failed = case.find("error") if failed is None else failed
-            detail = []
-            if failed is not None:
-                first = (failed.get("message") or "").strip().splitlines()[:1]
-                result = "failed: " + (first[0][:160] if first else "")
-                detail = (failed.text or "").strip().splitlines()[-DETAIL_LINES:]
-            else:
-                result = "skipped" if case.find("skipped") is not None else "passed"
-            outcome[case.get("name")] = {"result": result, "s": round(float(case.get("time", 0)))}
-            if detail:
-                outcome[case.get("name")]["detail"] = [line[:300] for line in detail]
-        return outcome
+        return read_junit(report) if report.exists() else {}
+
+
+def read_junit(report: Path) -> dict:
+    """Each test's outcome in pytest's JUnit XML: passed, failed (with its first
+    line) or skipped, and its seconds."""
+    outcome = {}
+    for case in ElementTree.parse(report).iter("testcase"):
+        failed = case.find("failure")
+        failed = case.find("error") if failed is None else failed
+        detail = []
+        if failed is not None:
+            first = (failed.get("message") or "").strip().splitlines()[:1]
+            result = "failed: " + (first[0][:160] if first else "")
+            detail = (failed.text or "").strip().splitlines()[-DETAIL_LINES:]
+        else:
+            result = "skipped" if case.find("skipped") is not None else "passed"
+        outcome[case.get("name")] = {"result": result, "s": round(float(case.get("time", 0)))}
+        if detail:
+            outcome[case.get("name")]["detail"] = [line[:300] for line in detail]
+    return outcome
 
 
 def render(results: dict) -> str:
