@@ -40,13 +40,18 @@ def report(run_dir: Path) -> dict:
     return json.loads((run_dir / "report.json").read_text())
 
 
-def left_behind(checkpoint: Path) -> list[str]:
-    """vLLM processes still running for this checkpoint (its title hides the command)."""
+def left_behind(cache: Path) -> list[str]:
+    """Processes still running of this module's vLLM servers: the compile cache they
+    were given is this module's (a worker's title hides its command, and other vLLM
+    processes on the machine are not ours)."""
+    ours = str(cache / "vllm")
     found = []
     for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if str(checkpoint) in line or line.startswith("VLLM::"):
-            found.append(line[:80])
+        try:
+            if process.environ().get("VLLM_CACHE_ROOT") == ours:
+                found.append(" ".join(process.info["cmdline"] or [])[:80])
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
     return found
 
 
@@ -54,11 +59,11 @@ def shm_files() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def assert_nothing_left(checkpoint: Path, shm_before: set[str]) -> None:
+def assert_nothing_left(cache: Path, shm_before: set[str]) -> None:
     deadline = time.monotonic() + 10
-    while (left_behind(checkpoint) or shm_files() - shm_before) and time.monotonic() < deadline:
+    while (left_behind(cache) or shm_files() - shm_before) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert left_behind(checkpoint) == []
+    assert left_behind(cache) == []
     assert shm_files() - shm_before == set()
 
 
@@ -83,7 +88,7 @@ def test_tp2_rank0_that_never_reaches_its_4th_step_is_named_not_its_peer(tmp_pat
     assert {v["culprit_ranks"][0] for v in body["verdicts"]} == {0}
     assert set(body["stacks"]) == {"0", "1"}
     assert any("block_forever" in frame for frame in body["stacks"]["0"]["MainThread"])
-    assert_nothing_left(checkpoint, shm_before)
+    assert_nothing_left(cache, shm_before)
 
 
 def test_tp2_pp2_last_stage_tp1_rank_is_the_only_culprit(tmp_path, checkpoint, cache):
@@ -151,4 +156,4 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]
     # each row of the hook table that this release has was applied: no "vLLM ..." note
     assert not [note for note in body["notes"] if note.startswith("vLLM ")], body["notes"]
-    assert_nothing_left(checkpoint, shm_before)
+    assert_nothing_left(cache, shm_before)
