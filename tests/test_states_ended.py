@@ -99,3 +99,18 @@ def test_a_peer_that_finished_the_step_waited_on_nothing():
     job, t = raised_then_ended(3.3)
     job.ranks[1].error = None                      # its step ended well: it needed no rank 0
     assert analyze(job.snapshot()) == []
+
+
+def test_a_peer_that_raised_beside_it_after_its_last_heartbeat_waited_on_nothing():
+    """The real vLLM case 5 run: rank 3's last heartbeat was 42 ms before its
+    assert, rank 2 asserted 0.4 ms after it; both then went on to dequeue."""
+    job, t = vllm_tp2(steps=3, now_after=6.0)
+    job.driver_step(3, t, t + 0.06)
+    caught_exception(job, t, 0, 3)
+    caught_exception(job, t + 0.0004, 1, 3)
+    for rank in (0, 1):
+        ended(job, rank, t + 0.08)
+        job.ranks[rank].heartbeat_at = t + 0.05 - 0.042
+    job.driver.alive, job.driver.heartbeat_at = False, t + 2.0
+    job.command_exit = 0
+    assert analyze(job.snapshot()) == []

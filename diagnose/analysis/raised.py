@@ -87,6 +87,9 @@ def left_waiting(view: View, rank: int, error: RaisedError) -> dict[int, float]:
             or error.step is None:
         return {}
     members = view.groups.get(tp_group_name(raiser.identity.pp_rank), [])
+    # its last sign of life: a heartbeat, or a phase it entered or left after it
+    gone = max([raiser.heartbeat_at] + [max(event.start, event.end or 0.0)
+                                        for event in raiser.phases + raiser.open_phases])
     left = {}
     for peer in members:
         state = view.ranks.get(peer)
@@ -98,7 +101,7 @@ def left_waiting(view: View, rank: int, error: RaisedError) -> dict[int, float]:
         out = event.end if event.end is not None else state.heartbeat_at
         moved = [record for record in state.collectives
                  if max(record.t_enqueue, record.t_complete or 0.0) > error.at]
-        if out >= raiser.heartbeat_at and not moved and _left_badly(state, event, error):
+        if out >= gone and not moved and _left_badly(state, event, error):
             left[peer] = round(out - error.at, 3)
     return left
 
