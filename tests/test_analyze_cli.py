@@ -215,3 +215,18 @@ def test_piped_output_keeps_every_field_whole():
                for line in lines)
     states = [line.split()[4] for line in lines if line[:1].isdigit()]
     assert states == ["victim"] * 6 + ["culprit", "victim"]    # stopped for the hang: no death
+
+
+def test_a_job_larger_than_a_screen_shows_the_culprits_nearest_and_json_every_rank(
+        tmp_path, capsys):
+    run = tmp_path / "big"
+    assert diag("synth", run, "--ranks", "256", "--culprit", "200").returncode == 0
+    code, out, _ = analyze_in_process(capsys, str(run))
+    rows = [line.split("│")[0].strip() for line in out.splitlines() if "│" in line]
+    shown = [int(rank) for rank in rows if rank.isdigit()]
+    assert code == 1 and len(shown) == 48
+    assert 200 in shown and shown == sorted(shown)
+    assert max(abs(rank - 200) for rank in shown) <= 24     # the nearest 48, the culprit's
+    assert "showing 48 of 256 ranks, the culprits' nearest first" in out
+    code, out, _ = analyze_in_process(capsys, str(run), "--json")
+    assert len(json.loads(out)["ranks"]) == 256

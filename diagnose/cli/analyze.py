@@ -67,13 +67,14 @@ def analyze_command(args) -> int:
     crash = crash_of(snapshot)
     if crash is not None and os.path.isdir(snapshot.run_dir):
         crash = first_failure.worded(crash, first_failure.first_failure(snapshot.run_dir, snapshot))
-    body = to_json(snapshot, verdicts, rows, crash) | {"notes": notes}
-    if selection.narrows:
-        body["shown"] = selection.to_json(rows, snapshot)
     recorded = _flight_recorder(source)
-    if recorded is not None:
-        body["flight_recorder"] = recorded
-    emit_json(schema.Document.ANALYZE, body, args)
+    if args.json or args.output:
+        body = to_json(snapshot, verdicts, rows, crash) | {"notes": notes}
+        if selection.narrows:
+            body["shown"] = selection.to_json(rows, snapshot)
+        if recorded is not None:
+            body["flight_recorder"] = recorded
+        emit_json(schema.Document.ANALYZE, body, args)
     if not args.json:
         render(snapshot, verdicts, notes=notes, rows=rows,
                caption=selection.caption(rows, snapshot), crash=crash)

@@ -6,6 +6,7 @@ on it in yellow, then one row per rank: where it is and what it last did.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass
 
 from rich.console import Console, Group
@@ -25,6 +26,8 @@ MENTION_STYLES = {Mention.CULPRIT: CULPRIT_STYLE, Mention.VICTIMS: VICTIM_STYLE}
 CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA error
 SAMPLE_SHOWN_S = 20.0   # a rank's last state sample is shown this long (diag launch
                         # takes one every 2 to 16 s while the rank stays still)
+SCREEN_ROWS = 48        # a longer rank table shows the ranks nearest its culprits
+TELLING = (RankStatus.CULPRIT, RankStatus.DEAD)
 
 
 @dataclass
@@ -86,13 +89,34 @@ def renderable(snapshot: Snapshot, verdicts: list[Verdict], rows: list[RankRow] 
 def render(snapshot: Snapshot, verdicts: list[Verdict], console: Console | None = None,
            notes: list[str] | None = None, rows: list[RankRow] | None = None,
            caption: str | None = None, crash: Crash | None = None) -> None:
-    """The screen on a terminal; to a pipe or a file, every field whole."""
+    """The screen on a terminal; to a pipe or a file, every field whole. A job of
+    more ranks than a screen holds shows SCREEN_ROWS of them (JSON has them all)."""
     console = console or output_console()
+    rows = rank_rows(snapshot, verdicts) if rows is None else rows
+    if len(rows) > SCREEN_ROWS:
+        caption = "; ".join(filter(None, [caption, f"showing {SCREEN_ROWS} of {len(rows)} "
+                                          f"ranks, the culprits' nearest first (--ranks to "
+                                          f"choose, --json for every rank)"]))
+        rows = screenful(rows)
     console.print(renderable(snapshot, verdicts, rows, expand=fills_screen(console), crash=crash))
     if caption:
         console.print(Text(shown(caption), style="dim"))
     for note in notes or []:
         console.print(Text(f"note: {shown(note)}", style="dim"))
+
+
+def screenful(rows: list[RankRow]) -> list[RankRow]:
+    """SCREEN_ROWS rows in rank order: the culprits and the dead, then the ranks
+    nearest to one of them (their TP peers and pipeline neighbours)."""
+    telling = sorted(row.rank for row in rows if row.state in TELLING)
+
+    def distance(row: RankRow) -> int:
+        if not telling:
+            return row.rank
+        at = bisect.bisect_left(telling, row.rank)
+        return min(abs(row.rank - telling[i]) for i in (at - 1, at) if 0 <= i < len(telling))
+    chosen = sorted(rows, key=lambda row: (distance(row), row.rank))[:SCREEN_ROWS]
+    return sorted(chosen, key=lambda row: row.rank)
 
 
 def _verdict_lines(snapshot: Snapshot, verdicts: list[Verdict],
@@ -168,8 +192,9 @@ def _last_collective(state: RankState, groups: set[str] | None) -> str:
 
 def collective_label(record: CollectiveRecord) -> str:
     """"tp2 all_reduce #9", "pp send->6 #4", "pp recv<-4 #4"."""
-    peer = {Op.SEND: f"->{record.peer}", Op.RECV: f"<-{record.peer}"}.get(record.op, "")
-    return f"{record.group} {record.op}{peer} #{record.seq}"
+    arrow = "->" if record.op == Op.SEND else "<-" if record.op == Op.RECV else None
+    peer = f"{arrow}{record.peer}" if arrow else ""
+    return f"{record.group} {str(record.op)}{peer} #{record.seq}"
 
 
 def cuda_error_table(body: dict, expand: bool = True) -> Table:
