@@ -96,7 +96,7 @@ def stop_server(server: Server, sig: signal.Signals = signal.SIGTERM) -> None:
 
 def maps(proc: psutil.Process):
     try:
-        return proc.memorymaps(grouped=False)
+        return proc.memory_maps(grouped=False)
     except psutil.Error:
         return []
 
