@@ -109,6 +109,7 @@ def why_parsed_only(command: str) -> str | None:
 
 def parse_only(command: str) -> None:
     """The command's own parser accepts it (argparse exits 2 on what it does not)."""
+    command = re.sub(r"^([A-Z_]+=\S+\s+)+", "", command)    # VAR=value before the program
     if command.startswith("./setup.sh"):
         assert subprocess.run(["bash", "-n", os.path.join(REPO, "setup.sh")]).returncode == 0
         return
