@@ -296,14 +296,8 @@ def waiting_head(marker):
     nothing had happened."""
     port = free_port(consecutive=2)
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(ENGINE + _generate_args(4) + TP2PP2 + [
-        "--nnodes", "2", "--master-port", str(port), "--node-timeout", "120"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
-    head = WaitingHead(proc, port, log)
-    deadline = time.monotonic() + 60
-    while not head.listening():
-        assert proc.poll() is None and time.monotonic() < deadline, head.stderr()
-        time.sleep(0.1)
+    head = _waiting_head(port, log, node_timeout=120)
+    proc = head.proc
     yield head
     node1 = _start(["generate", *TP2PP2, "--nnodes", "2", "--master-port", str(port),
                     "--node-rank", "1"])
