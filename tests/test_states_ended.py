@@ -3,6 +3,11 @@
 execute_model, before any stall limit passes, while the raiser's TP peer still
 sits in the step's all-reduce (issue #24, done-when 3; the shape of a real run
 dir of tests/test_vllm_states.py, rank 0 raising at its 4th call)."""
+import json
+import os
+import shutil
+import time
+
 import pytest
 
 from diagnose.analysis import analyze
@@ -10,7 +15,9 @@ from diagnose.analysis.crash import crash_of
 from diagnose.cli.common import EXIT_CRASHED
 from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase, VerdictKind
+from diagnose.launch.collector import Collector
 from diagnose.launch.ending import judged_exit
+from helpers.run import REPO, diag
 from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
@@ -114,3 +121,28 @@ def test_a_peer_that_raised_beside_it_after_its_last_heartbeat_waited_on_nothing
     job.driver.alive, job.driver.heartbeat_at = False, t + 2.0
     job.command_exit = 0
     assert analyze(job.snapshot()) == []
+
+
+CRASHED_RUN = os.path.join(REPO, "tests", "fixtures", "runs", "vllm_crashed_exit0")
+
+
+def test_a_finished_run_dir_read_hours_later_is_judged_as_it_ended(tmp_path):
+    """The real vLLM 0.32 run dir of that case 5 (tp2 pp2, ranks 2 and 3 asserted in
+    step 29, vLLM exited 0), read hours after it ended: its ranks' last waits are
+    measured to the job's end, not to now. Measured to now, rank 0's 0.1 s wait on
+    rank 2 had become 8,230 s and a second culprit, collective_missing_peers [2]."""
+    run = diag("analyze", CRASHED_RUN, "--json")
+    assert run.returncode == EXIT_CRASHED, run.stderr
+    body = json.loads(run.stdout)
+    assert body["verdicts"] == []
+    assert body["crashed"]["rank"] == 3 and "AssertionError" in body["crashed"]["summary"]
+
+
+def test_a_finished_job_is_judged_at_its_recorded_end_or_else_its_last_heartbeat(tmp_path):
+    run = shutil.copytree(CRASHED_RUN, tmp_path / "run")
+    last_beat = Collector(str(run)).snapshot().taken_at
+    assert time.time() - last_beat > 3600       # the fixture is older than an hour
+    exit_file = run / "exit.json"
+    ending = json.loads(exit_file.read_text())
+    exit_file.write_text(json.dumps(ending | {"ended_at": last_beat + 1.5}))
+    assert Collector(str(run)).snapshot().taken_at == last_beat + 1.5

@@ -87,8 +87,11 @@ class Collector:
                                   f"appears twice, skipped")
             else:
                 ranks[state.identity.rank] = state
-        command_exit, stop = self._command_exit()
-        snapshot = Snapshot(taken_at=time.time(), run_dir=self.run_dir,
+        command_exit, stop, ended_at = self._command_exit()
+        now = time.time()
+        if command_exit is not None:
+            now = min(now, ended_at or _last_sign_of_life(ranks, driver, now))
+        snapshot = Snapshot(taken_at=now, run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
                             command_exit=command_exit, stop=stop, unreadable=unreadable)
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
@@ -107,20 +110,24 @@ class Collector:
             self._job_notes = key, probe_notes.read(self.run_dir)
         return list(self._job_notes[1])
 
-    def _command_exit(self) -> tuple[int | None, Stop | None]:
-        """The wrapped command's exit code, once `diag launch` has seen it end, and
-        the stop, if diag launch stopped it."""
+    def _command_exit(self) -> tuple[int | None, Stop | None, float | None]:
+        """The wrapped command's exit code, once `diag launch` has seen it end, the
+        stop, if diag launch stopped it, and when it ended (run dirs of diag 0.x
+        before ended_at have no time)."""
         path = os.path.join(self.run_dir, EXIT_FILE)
         try:
             ending = read_version(Document.EXIT, json.loads(read_small(path, EXIT_FILE_BYTES)))
             code, stop = ending["command_exit"], ending.get("stop")
             if code is None and stop is not None:  # diag stopped it: the job is over all the same
                 code = ending.get("exit_after_stop")
+            ended_at = ending.get("ended_at")
+            if not isinstance(ended_at, (int, float)) or isinstance(ended_at, bool):
+                ended_at = None
             if isinstance(code, int) and not isinstance(code, bool):
-                return code, None if stop is None else checked(Stop, stop)
+                return code, None if stop is None else checked(Stop, stop), ended_at
             problem = f"command_exit {str(code)[:40]} is no exit code"
         except FileNotFoundError:
-            return None, None
+            return None, None, None
         except OSError as error:
             problem = error.strerror
         except NewerSchema as error:
@@ -129,7 +136,7 @@ class Collector:
             problem = f"not the JSON diag launch writes ({type(error).__name__})"
         self.notes.append(f"{EXIT_FILE}: {problem}")
         self.refused.append(f"{EXIT_FILE}: {problem}")
-        return None, None
+        return None, None, None
 
     def _read(self, path: str) -> RankState:
         """The rank's state, or ProbeFileError. The file is opened without blocking
@@ -227,6 +234,14 @@ class Collector:
         if cached is None or cached[0] != mtime:
             cached = self._stacks[path] = (mtime, read_stacks_file(path, identity.pid))
         return cached[1]
+
+
+def _last_sign_of_life(ranks: dict[int, RankState], driver: RankState | None,
+                       now: float) -> float:
+    """When a finished job last showed life: its latest heartbeat. A run dir read
+    hours later is judged as it stood then, not as if its ranks had stalled since."""
+    beats = [state.heartbeat_at for state in [*ranks.values(), driver] if state is not None]
+    return max(beats, default=now)
 
 
 def pid_alive(pid: int, create_time: float) -> bool:

@@ -283,7 +283,8 @@ class Launcher:
     def _end(self, exit_code: int, stopped_by: str | None = None) -> Outcome:
         """exit.json says how the command ended: by itself, or stopped (and then
         which probed processes the stop ended: the analysis judges a stopped job
-        as it stood then, not by the deaths the stop caused)."""
+        as it stood then, not by the deaths the stop caused), and when it ended:
+        a run dir read later is judged as of then."""
         if stopped_by:
             self.output.say(ending_line(stopped_by, self.verdicts, self.opts.on_hang),
                             echo=stopped_by == "hang")
@@ -291,10 +292,11 @@ class Launcher:
         self.stopped_by = stopped_by
         self.role.end(exit_code, stopped=stopped_by is not None)
         self.stop(ranks_first=stopped_by == "hang")
+        ended_at = time.time()
         self._name_first_failure()
         ending = command_ending(self.proc.returncode, stopped_by)
         self._write_json(Document.EXIT, ending | {
-            "stop": None if stop is None else asdict(stop)})
+            "stop": None if stop is None else asdict(stop), "ended_at": ended_at})
         if stopped_by:
             self.add_to_report(**ending)
         return Outcome(exit_code, self.verdicts, self.report_path)
