@@ -8,6 +8,7 @@ from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import ActivitySample, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
+from diagnose.offline.report import rank_rows
 from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
@@ -67,6 +68,16 @@ def test_a_sample_taken_before_the_rank_last_moved_is_not_trusted():
     sample(job, 0, Activity.SLEEPING, SLEEPING, t - 1.0)      # before step 3 began
     sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
     assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+
+
+def test_the_rank_table_shows_only_the_samples_the_analysis_trusts():
+    """Both samples are seconds old; rank 0's was taken before it last moved."""
+    job, t = both_inside_step()
+    sample(job, 0, Activity.SLEEPING, SLEEPING, t - 1.0)
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    snapshot = job.snapshot()
+    doing = {row.rank: row.doing for row in rank_rows(snapshot, analyze(snapshot))}
+    assert doing == {0: "", 1: "collective"}
 
 
 def test_two_ranks_both_waiting_in_the_collective_name_no_single_culprit():

@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from diagnose.analysis.doing import sampled
 from diagnose.analysis.status import rank_status
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import CollectiveRecord, Crash, RankState, Snapshot, Verdict
@@ -61,9 +62,10 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
 
 
 def _doing(state: RankState, now: float) -> str:
-    """What the rank's recent state sample says, if it is of this process."""
+    """What the rank's recent state sample says, where the analysis trusts it: of
+    this process, alive, and taken since the rank last made progress."""
     sample = state.activity
-    if sample is None or sample.pid != state.identity.pid or now - sample.taken_at > SAMPLE_SHOWN_S:
+    if not sampled(state) or now - sample.taken_at > SAMPLE_SHOWN_S:
         return ""
     return sample.text(now)
 
