@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 
 import pytest
 
 from diagnose.analysis import analyze
 from diagnose.analysis.crash import crash_of
-from diagnose.cli.common import EXIT_CRASHED
+from diagnose.analysis.timeline import rewind
+from diagnose.cli.common import EXIT_CRASHED, EXIT_VERDICTS
 from diagnose.core.snapshot import RaisedError
 from diagnose.core.vocab import Phase, VerdictKind
 from diagnose.launch.collector import Collector
@@ -121,6 +123,98 @@ def test_a_peer_that_raised_beside_it_after_its_last_heartbeat_waited_on_nothing
     job.driver.alive, job.driver.heartbeat_at = False, t + 2.0
     job.command_exit = 0
     assert analyze(job.snapshot()) == []
+
+
+def exited_while_workers_ran(peer_entered_after: float) -> tuple[Job, float]:
+    """vllm serve exited 1 s after rank 0's exception while both workers still ran:
+    rank 0 back in its dequeue, rank 1 in step 3's all-reduce, which it entered
+    `peer_entered_after` s after rank 0's exception (negative: before it)."""
+    job, t = vllm_tp2(steps=3, now_after=0.0)
+    job.driver_step(3, t, t + 0.06)
+    caught_exception(job, t, 0, 3)
+    raised_at = job.ranks[0].error.at
+    compiled_step(job, 1, 3, raised_at + peer_entered_after - 0.01, None)
+    job.now = raised_at + 1.0
+    for state in job.ranks.values():
+        state.heartbeat_at = job.now - 0.07
+    job.driver.alive, job.driver.heartbeat_at = False, raised_at + 0.09
+    job.command_exit = 0
+    return job, t
+
+
+@pytest.mark.parametrize("peer_entered_after", [-0.001, 0.002])
+def test_vllm_exiting_while_the_peer_still_waits_in_the_step_makes_the_exception_a_verdict(
+        peer_entered_after):
+    """The shape of the real run dir below at the moment diag judged it: nobody's
+    process had ended yet. The peer may enter the step just after the raiser's
+    exception (the two take the same broadcast within a millisecond)."""
+    job, t = exited_while_workers_ran(peer_entered_after)
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.RAISED, [0], [1])]
+    assert "it went on and is now in dequeue" in verdicts[0].summary
+    assert "rank 1 waited on it until the job ended" in verdicts[0].summary
+    assert verdicts[0].detected_after_s == 1.0
+    assert crash_of(job.snapshot()).rank == 0
+
+
+def test_the_job_s_end_while_both_still_run_is_still_no_verdict_if_the_peer_finished_the_step():
+    job, t = exited_while_workers_ran(-0.001)
+    step = job.ranks[1].open_phases[-1]
+    step.end = step.start + 0.05
+    job.ranks[1].open_phases = []
+    assert analyze(job.snapshot()) == []
+
+
+def test_two_ranks_that_raised_in_the_same_step_and_still_run_at_the_end_are_no_verdict():
+    """vLLM's crash case judged the moment vllm serve exited: both asserted and went
+    back to their dequeue, alive."""
+    job, t = exited_while_workers_ran(-0.001)
+    job.ranks[1].open_phases, job.ranks[1].phases = [], job.ranks[1].phases[:-2]
+    caught_exception(job, t + 0.0004, 1, 3)
+    assert analyze(job.snapshot()) == []
+
+
+def test_a_peer_ended_inside_the_step_just_before_the_raiser_s_last_beat_waited_on_it():
+    """vLLM's executor ends both workers at once: the peer's last heartbeat may come
+    a beat before the raiser's last sign of life; it never left the step."""
+    job, t = exited_while_workers_ran(-0.001)
+    raised_at = job.ranks[0].error.at
+    ended(job, 0, raised_at + 1.0)
+    job.ranks[1].alive, job.ranks[1].heartbeat_at = False, raised_at + 0.93
+    job.now = raised_at + 1.2
+    assert summary(analyze(job.snapshot())) == [(VerdictKind.RAISED, [0], [1])]
+
+
+RAISED_RUN = os.path.join(REPO, "tests", "fixtures", "runs", "vllm_raised_exit0")
+
+
+def test_the_real_run_that_gave_no_verdict_gives_raised_as_diag_launch_judged_it():
+    """The real vLLM 0.32 run dir of tests/test_vllm_states.py's caught exception
+    that had no verdict (tp=2, rank 0 raised at its 4th execute_model, 12:46): its
+    report's rank rows say both workers still ran when diag judged (heartbeats 71 and
+    82 ms old), the moment `vllm serve` exited, about 1.0 s after the exception (rank
+    0's last heartbeat came at +0.94 s, its exit, by diag's stop, at +1.03 s).
+    Rewound to then: rank 0 in no phase after its dequeue, rank 1 in step 3."""
+    snapshot = Collector(RAISED_RUN).snapshot()
+    raised_at = snapshot.ranks[0].error.at
+    rows = json.loads(open(os.path.join(RAISED_RUN, "report.json")).read())["ranks"]
+    assert [(row["phase"], row["step"], row["heartbeat_age_s"] < 0.1) for row in rows] == [
+        (None, 4, True), ("execute_model", 3, True)]
+    judged = replace(rewind(snapshot, raised_at + 1.0), command_exit=0)
+    judged.driver.alive = False                 # its last heartbeat: +0.09 s
+    verdicts = analyze(judged)
+    assert summary(verdicts) == [(VerdictKind.RAISED, [0], [1])]
+    assert "hs_test_faults: rank 0 raised at call 4" in verdicts[0].summary
+    assert "rank 1 waited on it until the job ended" in verdicts[0].summary
+
+
+def test_the_real_run_dir_read_later_gives_raised_too():
+    run = diag("analyze", RAISED_RUN, "--json")
+    assert run.returncode == EXIT_VERDICTS, run.stderr
+    body = json.loads(run.stdout)
+    assert [(v["kind"], v["culprit_ranks"], v["victim_ranks"]) for v in body["verdicts"]] == [
+        ("raised", [0], [1])]
+    assert body["crashed"]["rank"] == 0
 
 
 CRASHED_RUN = os.path.join(REPO, "tests", "fixtures", "runs", "vllm_crashed_exit0")

@@ -75,50 +75,60 @@ def first_error(view: View) -> tuple[int, RaisedError] | None:
 
 def left_waiting(view: View, rank: int, error: RaisedError) -> dict[int, float]:
     """In a job that ended by itself: {peer: seconds it waited} for the TP peers
-    that were inside the step of the rank's exception and never got out of it,
-    nor made progress, until the rank's process was gone: they waited on it to
-    the end, however short the end made their wait (vLLM shuts its engine down
-    a second after a worker's exception, before any stall limit). A peer that
-    left the step by an exception of its own while the rank still ran raised
-    beside it (both asserted), and waited on nothing."""
+    that were in the step of the rank's exception when the job ended, or left it
+    only by an exception of their own after the rank's process was gone, and made
+    no progress after the exception: they waited on it to the end, however short
+    the end made their wait. vLLM ends its engine a second after a worker's
+    exception, before any stall limit, and `vllm serve` may exit while its
+    workers still run: the raiser back in its dequeue, the peer in the step's
+    all-reduce. A peer that left the step by an exception of its own while the
+    rank still ran raised beside it (both asserted), and waited on nothing; one
+    that finished the step needed nothing of it."""
     snapshot = view.snapshot
-    raiser = view.ranks[rank]
-    if snapshot.command_exit is None or snapshot.stop is not None or raiser.alive \
-            or error.step is None:
+    if snapshot.command_exit is None or snapshot.stop is not None or error.step is None:
         return {}
+    raiser = view.ranks[rank]
     members = view.groups.get(tp_group_name(raiser.identity.pp_rank), [])
-    # its last sign of life: a heartbeat, or a phase it entered or left after it
-    gone = max([raiser.heartbeat_at] + [max(event.start, event.end or 0.0)
-                                        for event in raiser.phases + raiser.open_phases])
     left = {}
     for peer in members:
         state = view.ranks.get(peer)
-        if peer == rank or state is None or state.alive:
+        event = None if peer == rank or state is None else _step_event(state, error)
+        if event is None or _moved(state, error):
             continue
-        event = _step_event(state, error)
-        if event is None:
+        if event.end is None:           # still in the step, or its process ended in it
+            out = view.now if state.alive else state.heartbeat_at
+        elif _raised_after_it_was_gone(raiser, state, event, error):
+            out = event.end
+        else:
             continue
-        out = event.end if event.end is not None else state.heartbeat_at
-        moved = [record for record in state.collectives
-                 if max(record.t_enqueue, record.t_complete or 0.0) > error.at]
-        if out >= gone and not moved and _left_badly(state, event, error):
-            left[peer] = round(out - error.at, 3)
+        left[peer] = round(max(0.0, out - error.at), 3)
     return left
 
 
 def _step_event(state: RankState, error: RaisedError) -> PhaseEvent | None:
-    """The peer's phase of the same name and step as the error, begun before it."""
+    """The peer's phase of the same name and step as the error (entered before
+    the error or after it: either way the step needs the raiser)."""
     return next((event for event in state.phases + state.open_phases
-                 if event.name == error.phase and event.step == error.step
-                 and event.start <= error.at), None)
+                 if event.name == error.phase and event.step == error.step), None)
 
 
-def _left_badly(state: RankState, event: PhaseEvent, error: RaisedError) -> bool:
-    """The peer never finished the step: its process ended inside it, or an
-    exception took it out."""
+def _moved(state: RankState, error: RaisedError) -> bool:
+    """A traced collective of the peer's went on after the exception."""
+    return any(max(record.t_enqueue, record.t_complete or 0.0) > error.at
+               for record in state.collectives)
+
+
+def _raised_after_it_was_gone(raiser: RankState, state: RankState, event: PhaseEvent,
+                              error: RaisedError) -> bool:
+    """An exception took the peer out of the step (its own error is of that step)
+    after the raiser's last sign of life: a heartbeat, or a phase it entered or
+    left (the raiser of a vLLM crash may assert 40 ms after its last heartbeat)."""
     own = state.error
-    return event.end is None or (own is not None and own.phase == error.phase
-                                 and own.step == error.step)
+    if raiser.alive or own is None or (own.phase, own.step) != (error.phase, error.step):
+        return False
+    gone = max([raiser.heartbeat_at] + [max(phase.start, phase.end or 0.0)
+                                        for phase in raiser.phases + raiser.open_phases])
+    return event.end >= gone
 
 
 def _stalled(view: View, node: Node, error: RaisedError, limits: StallLimits) -> bool:
