@@ -1,11 +1,13 @@
-"""A compile inside a step is progress, not a hang: repeated on real vLLM (its
-CPU build, .venv-vllm from ./setup.sh --tests), each run with a fresh compile
-cache (so vLLM's own start-up compile is cold too) and fresh requests.
+"""Issue #24's cases on real vLLM (its CPU build, .venv-vllm from ./setup.sh
+--tests), repeated: a compile inside a step is progress, not a hang, and a caught
+exception is named however vLLM's shutdown races diag's judgment.
 
-    python benchmarks/vllm_states_stress.py [--repeats 3] \
-        [-o benchmarks/results/vllm_states_stress.json]
+    python benchmarks/vllm_states_stress.py [--case compile|raised] [--repeats N] \
+        [--keep DIR] [-o RESULTS.json]
 
-Two cases (issue #24, done-when 4), under `diag launch --on-hang kill`, faults
+--case compile (the default; benchmarks/results/vllm_states_stress.json): each
+run with a fresh compile cache (so vLLM's own start-up compile is cold too) and
+fresh requests. Two cases (done-when 4), under `diag launch --on-hang kill`, faults
 from the tests' own vLLM plugin (tests/vllm_env/faultplugin) inside the wrapped
 Worker.execute_model:
   - tp=2 pp=2 compiled: rank 1 runs real torch.compiles of new functions for
@@ -16,6 +18,16 @@ While the compile runs, `diag analyze RUN_DIR --json` is asked what each rank
 does; after it, requests must still be served; then vLLM is stopped with SIGINT.
 Right: no verdict at any time (diag did not end the run, the report holds
 none) and a rank was seen compiling.
+
+--case raised (benchmarks/results/vllm_raised_stress.json; done-when 3): tp=2
+compiled, rank 0 raises RuntimeError inside its 4th execute_model, while requests
+run; the runs share one compile cache (only the first start is cold). Rank 0 is
+vLLM's output rank: vLLM's engine ends a second or so later, while rank 1 waits
+in the step's all-reduce. Right: the one verdict is `raised [0]`, the exception
+named, rank 1 its victim, and diag's exit code fits who ended the run (1: diag,
+after the stall limit; 4: vLLM, first). Each run keeps how its ranks stood at the
+final judgment (the report's rank rows) and how long after the exception vLLM ended.
+--keep DIR copies every run dir there.
 """
 from __future__ import annotations
 
@@ -35,11 +47,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from diagnose.cli.common import EXIT_HEALTHY  # noqa: E402
+from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS  # noqa: E402
 from helpers.vllm_faults import launch, plugin_installed  # noqa: E402
 from helpers.vllm_serving import make_checkpoint  # noqa: E402
 
 COMPILE_S = 600.0
+RESULTS = {"compile": "benchmarks/results/vllm_states_stress.json",
+           "raised": "benchmarks/results/vllm_raised_stress.json"}
 
 
 @dataclass
@@ -113,28 +127,107 @@ def show(outcomes: list[Outcome]) -> None:
     Console(width=160).print(table)
 
 
+@dataclass
+class Raised:
+    repeat: int
+    ready_s: float
+    verdicts: list[str]
+    detected_after_s: float | None   # the first verdict's
+    ended_by: str                    # "diag" (a verdict ended the run) or "vllm"
+    vllm_ended_after_s: float | None  # from rank 0's exception to the command's end
+    crashed_rank: int | None
+    exit_code: int
+    at_the_end: list[str]            # each rank's row as the final judgment saw it
+    right: bool
+
+
+def run_raised(repeat: int, checkpoint: Path, work: Path, cache: Path) -> Raised:
+    run = launch(work, checkpoint, cache, "rank=0,call=4,kind=raise")
+    try:
+        ready_s = run.start_requests()
+        exit_code = run.server.finish()
+    finally:
+        run.stop.set()
+        if run.server.process.poll() is None:
+            run.server.process.kill()
+            run.server.finish()
+    report = run.report()
+    verdicts = report["verdicts"]
+    first = verdicts[0] if verdicts else {}
+    by_vllm = report["command_exit"] is not None
+    crashed = (report.get("crashed") or {}).get("rank")
+    right = ([v["culprit_ranks"] for v in verdicts] == [[0]] and first["kind"] == "raised"
+             and first["victim_ranks"] == [1] and "hs_test_faults: rank 0 raised at call 4"
+             in first["summary"] and exit_code == (EXIT_CRASHED if by_vllm else EXIT_VERDICTS)
+             and (crashed == 0 or not by_vllm))
+    rows = [f"rank {row['rank']}: {row['state']} {row['phase'] or '-'} step {row['step']}, "
+            f"heartbeat {row['heartbeat_age_s']} s old" for row in report["ranks"]]
+    return Raised(repeat, round(ready_s, 1),
+                  [f"{v['kind']} {v['culprit_ranks']} victims {v['victim_ranks']}"
+                   for v in verdicts], first.get("detected_after_s"),
+                  "vllm" if by_vllm else "diag", _vllm_ended_after(run.run_dir), crashed,
+                  exit_code, rows, right)
+
+
+def _vllm_ended_after(run_dir: Path) -> float | None:
+    try:
+        raised_at = json.loads((run_dir / "error-0.json").read_text())["at"]
+        ended_at = json.loads((run_dir / "exit.json").read_text())["ended_at"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return round(ended_at - raised_at, 2)
+
+
+def show_raised(outcomes: list[Raised]) -> None:
+    table = Table(title="tp=2, rank 0 raises inside its 4th execute_model on real vLLM")
+    for column in ("run", "ready s", "verdicts", "detected s", "ended by", "vLLM ended s",
+                   "exit", "right"):
+        table.add_column(column)
+    for o in outcomes:
+        table.add_row(str(o.repeat), f"{o.ready_s:.0f}", "; ".join(o.verdicts) or "-",
+                      "-" if o.detected_after_s is None else f"{o.detected_after_s:.2f}",
+                      o.ended_by, str(o.vllm_ended_after_s), str(o.exit_code), str(o.right))
+    Console(width=160).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=("compile", "raised"), default="compile")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("-o", "--output", default="benchmarks/results/vllm_states_stress.json")
+    parser.add_argument("--keep", help="copy every run dir into this directory")
+    parser.add_argument("--work", help="a directory kept between calls for the checkpoint "
+                        "and the raised case's compile cache (default: a new one, removed)")
+    parser.add_argument("-o", "--output")
     args = parser.parse_args()
+    output = args.output or RESULTS[args.case]
     if not plugin_installed():
         sys.exit("vllm_states_stress.py: real vLLM or the tests' fault plugin is not installed "
                  "here: run ./setup.sh --tests")
-    work = Path(tempfile.mkdtemp(prefix="vllm-states-"))
-    checkpoint = make_checkpoint(work / "tiny-llama")
+    work = Path(args.work or tempfile.mkdtemp(prefix="vllm-states-"))
+    checkpoint = work / "tiny-llama"
+    if not checkpoint.exists():
+        make_checkpoint(checkpoint)
     outcomes = []
     for repeat in range(args.repeats):
-        for index, case in enumerate(CASES):
-            outcomes.append(run_case(case, repeat, checkpoint, work / f"run-{repeat}-{index}"))
-            print(f"{case.name} (run {repeat}): {asdict(outcomes[-1])}", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
-    show(outcomes)
-    Path(args.output).write_text(json.dumps(
-        {"schema_version": 1, "machine": platform.platform(), "cpus": os.cpu_count(),
-         "load_average": os.getloadavg(), "outcomes": [asdict(o) for o in outcomes]},
-        indent=1) + "\n")
-    print(f"wrote {args.output}")
+        runs = [(f"run-{repeat}", None)] if args.case == "raised" else [
+            (f"run-{repeat}-{index}", case) for index, case in enumerate(CASES)]
+        for name, case in runs:
+            if case is None:
+                outcomes.append(run_raised(repeat, checkpoint, work / name, work / "cache"))
+            else:
+                outcomes.append(run_case(case, repeat, checkpoint, work / name))
+            print(f"{name}: {asdict(outcomes[-1])}", flush=True)
+            if args.keep:
+                shutil.copytree(work / name / "run", Path(args.keep) / name, dirs_exist_ok=True)
+            shutil.rmtree(work / name, ignore_errors=True)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    (show_raised if args.case == "raised" else show)(outcomes)
+    Path(output).write_text(json.dumps(
+        {"schema_version": 1, "case": args.case, "machine": platform.platform(),
+         "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+         "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+    print(f"wrote {output}")
 
 
 if __name__ == "__main__":
