@@ -20,7 +20,7 @@ from diagnose.core.vocab import Phase, VerdictKind
 from diagnose.launch.collector import Collector
 from diagnose.launch.ending import judged_exit
 from helpers.run import REPO, diag
-from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
+from helpers.synthetic import OP_S, Job, caught_exception, compiled_step, vllm_tp2
 
 pytestmark = pytest.mark.unit
 
@@ -133,7 +133,7 @@ def exited_while_workers_ran(peer_entered_after: float) -> tuple[Job, float]:
     job.driver_step(3, t, t + 0.06)
     caught_exception(job, t, 0, 3)
     raised_at = job.ranks[0].error.at
-    compiled_step(job, 1, 3, raised_at + peer_entered_after - 0.01, None)
+    compiled_step(job, 1, 3, raised_at + peer_entered_after - OP_S, None)
     job.now = raised_at + 1.0
     for state in job.ranks.values():
         state.heartbeat_at = job.now - 0.07
@@ -183,6 +183,22 @@ def test_a_peer_ended_inside_the_step_just_before_the_raiser_s_last_beat_waited_
     job.ranks[1].alive, job.ranks[1].heartbeat_at = False, raised_at + 0.93
     job.now = raised_at + 1.2
     assert summary(analyze(job.snapshot())) == [(VerdictKind.RAISED, [0], [1])]
+
+
+def test_a_peer_that_entered_the_step_just_after_the_exception_and_was_ended_in_it_waited():
+    """The numbers of a real vLLM run (17:20, the first of the stress runs): rank 1
+    entered step 3 41 us after rank 0's exception; vLLM ended both workers without
+    their exit phase (rank 0's last heartbeat 31 ms before its exception, rank 1's
+    141 ms after it); vllm serve exited 2.54 s after it, so the stall limit named it.
+    Had it exited within 2 s, as on a quiet machine, nothing was named."""
+    job, t = exited_while_workers_ran(0.000041)
+    raised_at = job.ranks[0].error.at
+    job.ranks[0].alive, job.ranks[0].heartbeat_at = False, raised_at - 0.031
+    job.ranks[1].alive, job.ranks[1].heartbeat_at = False, raised_at + 0.141
+    job.now = raised_at + 1.5
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.RAISED, [0], [1])]
+    assert verdicts[0].detected_after_s == 0.141
 
 
 RAISED_RUN = os.path.join(REPO, "tests", "fixtures", "runs", "vllm_raised_exit0")
