@@ -59,6 +59,7 @@ from diagnose.analysis.graph import wait_for_graph
 from diagnose.analysis.mismatch import mismatch_verdicts
 from diagnose.analysis.raised import raised_verdicts
 from diagnose.analysis.roots import root_verdicts
+from diagnose.analysis.starved import with_host
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
 from diagnose.analysis.timeline import at_stop, recent, rewind
@@ -72,7 +73,9 @@ def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Ve
         snapshot = at_stop(snapshot)
     verdicts = fold_consequences(_judge(recent(snapshot), thresholds or Thresholds()))
     lost = [node for node in snapshot.nodes if node.lost]
-    return node_lost_verdicts(lost, verdicts, snapshot.taken_at) if lost else verdicts
+    if lost:
+        verdicts = node_lost_verdicts(lost, verdicts, snapshot.taken_at)
+    return with_host(verdicts, snapshot)
 
 
 def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:

@@ -13,6 +13,7 @@ from diagnose.analysis.position import (current_step, device_progress, entered_s
                                         last_progress, last_step, limit_phase, milestone,
                                         open_step, phase_name, ring_behind, seen_until, tp_peers,
                                         where)
+from diagnose.analysis.starved import cpu_waited, wait_evidence
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
@@ -53,8 +54,10 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return None                      # the job is ending: the rank is on its way out
     if node in view.pending and gpu_behind(view.pending[node]):
         return _gpu_stuck(view, node, victims, limits)
-    stall = seen_until(view, node) - _stalled_since(view, node, victims)
-    if stall < limits.limit(limit_phase(view, node)) + sample_wait(view, node):
+    since, until = _stalled_since(view, node, victims), seen_until(view, node)
+    stall, limit = until - since, limits.limit(limit_phase(view, node))
+    waited = cpu_waited(state, since, until)
+    if stall < limits.stretched(limit, waited) + sample_wait(view, node):
         return None
     if node != DRIVER and waits_for_absent(view, state):
         return None                      # it waits on a rank not up yet
@@ -70,6 +73,7 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
     if node == DRIVER:
         evidence["culprit"] = DRIVER
     evidence["states"] = states_evidence(view, ranks_of({node} | victims))
+    evidence |= wait_evidence(limits, limit, {node: waited})
     phase = reached.split()[0] if kind == VerdictKind.NEVER_REACHED else phase_name(state)
     return Verdict(kind=kind, culprit_ranks=ranks_of({node}), victim_ranks=ranks_of(victims),
                    summary=words.text, spans=words.spans, phase=phase, step=step,
@@ -108,10 +112,13 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
                 limits: StallLimits) -> Verdict | None:
     """Processes that wait on each other: a deadlock, or a collective stuck with all
     its members inside."""
-    stall = min(seen_until(view, node) - last_progress(view.state(node)) for node in component)
     limit = max(limits.limit(limit_phase(view, node)) for node in component)
-    if stall < limit:
+    spans = {node: (last_progress(view.state(node)), seen_until(view, node)) for node in component}
+    waited = {node: cpu_waited(view.state(node), *spans[node]) for node in component}
+    if any(until - since < limits.stretched(limit, waited[node])
+           for node, (since, until) in spans.items()):
         return None
+    stall = min(until - since for since, until in spans.values())
     members = ranks_of(component)
     first = view.state(members[0] if members else DRIVER)
     record = view.pending.get(members[0]) if members else None
@@ -130,7 +137,8 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
                    group=record.group if record else None, seq=record.seq if record else None,
                    detected_after_s=round(stall, 3),
                    evidence={"cycle": [str(node) for node in sorted(component, key=str)],
-                             "states": states_evidence(view, members)})
+                             "states": states_evidence(view, members)}
+                   | wait_evidence(limits, limit, waited))
 
 
 def _unseen_cycle(view: View, component: set[Node]) -> bool:

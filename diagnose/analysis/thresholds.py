@@ -9,6 +9,11 @@ steady-state step. An explicit number gives every phase that limit.
 Stall time is measured from a rank's last progress (a phase boundary or a
 collective event), so a long prefill that keeps completing collectives is not
 stalled however long its step takes.
+
+A process that waited for a CPU while it stalled (a starved host: its threads
+runnable but not run) gets that time on top of its limit, up to `cpu_stretch`
+times the limit (`stretched`): a healthy rank that waits for a core is no
+hang, and a real hang on a loaded host is still named, at most that much later.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ class Thresholds:
     startup_s: float = 20.0        # start-up phases and phases with no finished instance
     factor: float = 4.0            # a phase may take this many times its longest finished run
     compile_s: float = 600.0       # a rank may compile this long before it is a verdict
+    cpu_stretch: float = 10.0      # time waited for a CPU stretches a limit up to this many
+                                   # times; 1 turns the stretch off
 
     # Straggler: a rank's own work per step against its peers'.
     straggler_ratio: float = 3.0
@@ -66,6 +73,12 @@ class StallLimits:
         if phase in STARTUP_PHASES or longest is None:
             return max(t.startup_s, t.factor * (longest or 0.0))
         return max(t.floor_s, t.factor * longest)
+
+
+    def stretched(self, limit: float, cpu_waited_s: float) -> float:
+        """The limit for a process that waited `cpu_waited_s` for a CPU while it
+        stalled: limit + waited, at most cpu_stretch x limit."""
+        return limit + min(cpu_waited_s, (self.thresholds.cpu_stretch - 1.0) * limit)
 
 
 def _longest_warm_durations(snapshot: Snapshot) -> dict[str, float]:

@@ -53,6 +53,16 @@ def _compile_limit(text: str) -> float:
     return seconds
 
 
+def _cpu_stretch(text: str) -> float:
+    try:
+        times = float(text)
+    except ValueError:
+        times = 0.0
+    if not 1 <= times < float("inf"):
+        raise ValueError(f"--cpu-stretch must be a number >= 1 (1: no stretch), not {text!r}")
+    return times
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}")
@@ -76,6 +86,11 @@ def _launch_options(parser) -> None:
       type=flag_value("--compile-limit", _compile_limit, keep_text=False),
       help="a rank compiling (Dynamo, Inductor, a compiler child) is no hang for this long; "
            "past it, a compile_too_long verdict (default: 600)")
+    a("--cpu-stretch", default=Thresholds.cpu_stretch, metavar="TIMES",
+      type=flag_value("--cpu-stretch", _cpu_stretch, keep_text=False),
+      help="a rank that waited for a CPU while it stalled (a loaded host) gets that time on "
+           "top of its stall limit, up to TIMES times the limit (default: %(default)g; "
+           "1: no stretch)")
     a("--on-hang", default="report", metavar="ACTIONS",
       type=flag_value("--on-hang", OnHang.parse),
       help="on a hang: capture stacks, Flight Recorder dumps and the report, and keep "
@@ -155,7 +170,8 @@ def _check_nodes(args) -> None:
 def _launch_options_of(args, command: list[str]):
     from diagnose.launch.options import LaunchOptions, default_run_dir
     return LaunchOptions(command=command, run_dir=args.run_dir or default_run_dir(),
-                         thresholds=replace(args.stall_timeout, compile_s=args.compile_limit),
+                         thresholds=replace(args.stall_timeout, compile_s=args.compile_limit,
+                                            cpu_stretch=args.cpu_stretch),
                          on_hang=args.on_hang,
                          launch_blocking=args.launch_blocking, nccl_debug=args.nccl_debug,
                          faults=args.fault, output=args.output, marks=args.mark,

@@ -133,6 +133,22 @@ class RaisedError:
 
 
 @dataclass
+class CpuWait:
+    """How long, in all, the process's threads had waited for a CPU by then: the
+    run delay /proc/PID/task/TID/schedstat counts (time runnable but not run)."""
+    at: float
+    waited_s: float
+
+
+@dataclass
+class HostLoad:
+    """How starved for CPU the host that judges was, when the snapshot was taken."""
+    load_per_cpu: float            # 1-minute load average over the CPUs this process may use
+    cpu_pressure: float | None = None  # PSI cpu "some": share of the last ~10 s in which some
+                                       # task waited for a CPU; None where the kernel has no PSI
+
+
+@dataclass
 class RankState:
     identity: Identity
     started_at: float
@@ -154,6 +170,8 @@ class RankState:
                                          # not seen (a single read, a post-mortem)
     activity: ActivitySample | None = None  # its last state sample (diag launch takes them)
     error: RaisedError | None = None        # the first exception that left a phase
+    cpu_waits: list[CpuWait] = field(default_factory=list)  # a sample a second, oldest first:
+                                    # the time it waited for a CPU (local processes only)
 
     @property
     def phase(self) -> PhaseEvent | None:
@@ -205,6 +223,7 @@ class Snapshot:
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
     sampling: bool = False   # diag launch is taking state samples of the still ranks (live)
+    host: HostLoad | None = None  # the judging host's CPU load (live only)
 
 
 @dataclass

@@ -27,10 +27,11 @@ from diagnose.core.files import read_small
 from diagnose.core.groups import GroupReader
 from diagnose.core.schema import Document, NewerSchema, read_version
 from diagnose.core.frames import frame_label
-from diagnose.core.snapshot import (ActivitySample, FaultRecord, Identity, RaisedError, RankState,
-                                    Snapshot, Stop)
+from diagnose.core.snapshot import (ActivitySample, CpuWait, FaultRecord, Identity, RaisedError,
+                                    RankState, Snapshot, Stop)
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
+from diagnose.launch.cpuload import HostMeter, RunDelays
 from diagnose.probe import notes as probe_notes
 
 EXIT_FILE = str(Document.EXIT)  # written by diag launch when the command ends
@@ -58,12 +59,15 @@ class Collector:
         self._beats: dict[str, tuple] = {}     # path -> (pid, create time, heartbeat count)
         self._frames: dict[str, tuple] = {}    # path -> (pid, frame, when it was first seen)
         self._processes: dict[tuple, bool] = {}  # (pid, create time) -> alive, in this snapshot
+        self._local: set[tuple] = set()          # (pid, create time) of this host's live ones
         self._host = socket.gethostname()
         self._job_notes: tuple[tuple, list[str]] = ((), [])   # notes.jsonl's (size, mtime), notes
+        self._run_delays = RunDelays()
+        self._host_meter = HostMeter()
 
     def snapshot(self) -> Snapshot:
         self.notes, self.refused, self.unreadable = self._read_job_notes(), [], []
-        self._processes = {}
+        self._processes, self._local = {}, set()
         ranks: dict[int, RankState] = {}
         unreadable: dict[int, str] = {}
         driver = None
@@ -91,9 +95,11 @@ class Collector:
         now = time.time()
         if command_exit is not None:
             now = min(now, ended_at or _last_sign_of_life(ranks, driver, now))
+        self._run_delays.forget_others(self._local)
         snapshot = Snapshot(taken_at=now, run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
-                            command_exit=command_exit, stop=stop, unreadable=unreadable)
+                            command_exit=command_exit, stop=stop, unreadable=unreadable,
+                            host=None if command_exit is not None else self._host_meter.read())
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
         self.notes += notes
         self.refused += notes
@@ -155,9 +161,10 @@ class Collector:
             raise runfile.ProbeFileError(error.strerror) from None
         finally:
             os.close(fd)
+        alive = self._alive(path, identity, data)
         return RankState(
             identity=identity, started_at=data.header.started_at,
-            heartbeat_at=data.heartbeat_at, alive=self._alive(path, identity, data),
+            heartbeat_at=data.heartbeat_at, alive=alive,
             open_phases=data.open_phases, frame=data.frame, phases=data.phases,
             collectives=data.collectives, kv=data.kv, ring_read=data.ring_read,
             ring_written=data.ring_written,
@@ -168,7 +175,16 @@ class Collector:
             activity=None if identity.rank is None else self._side_file(
                 runfile.state_file_name(identity.rank), read_state_file, identity.pid),
             error=self._side_file(runfile.error_file_name(identity.rank), read_error_file,
-                                  identity.pid))
+                                  identity.pid),
+            cpu_waits=self._cpu_waits(identity, data.header) if alive else [])
+
+    def _cpu_waits(self, identity: Identity, header: runfile.Header) -> list[CpuWait]:
+        """The process's run-delay history, where it runs on this host."""
+        if identity.host != self._host:
+            return []
+        key = (header.pid, header.create_time)
+        self._local.add(key)
+        return self._run_delays.history(*key)
 
     def _identity(self, path: str, fd: int, header: runfile.Header) -> Identity:
         key = (path, header.pid, header.create_time, header.started_at)

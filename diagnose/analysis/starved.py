@@ -1,0 +1,49 @@
+"""How long a stalled process waited for a CPU, from the run-delay samples the
+collector took of it (RankState.cpu_waits), and what goes in the evidence."""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import asdict
+
+from diagnose.analysis.thresholds import StallLimits
+from diagnose.core.snapshot import CpuWait, RankState, Snapshot, Verdict
+
+SHOWN_WAIT_S = 0.1        # less than this in the evidence would say nothing
+
+
+def cpu_waited(state: RankState, since: float, until: float) -> float:
+    """Seconds the process's threads waited for a CPU between `since` and `until`:
+    the samples' totals, linear between two samples; the time outside the
+    samples counts nothing (a wait not seen is no excuse for a stall)."""
+    samples = state.cpu_waits
+    if len(samples) < 2 or until <= since:
+        return 0.0
+    return max(0.0, _total_at(samples, until) - _total_at(samples, since))
+
+
+def _total_at(samples: list[CpuWait], when: float) -> float:
+    if when <= samples[0].at:
+        return samples[0].waited_s
+    if when >= samples[-1].at:
+        return samples[-1].waited_s
+    after = bisect_left([sample.at for sample in samples], when)
+    a, b = samples[after - 1], samples[after]
+    return a.waited_s + (b.waited_s - a.waited_s) * (when - a.at) / (b.at - a.at)
+
+
+def wait_evidence(limits: StallLimits, limit: float, waited: dict) -> dict:
+    """{"cpu_wait": {process: its wait and the limit it stretched}} for the
+    processes that waited for a CPU while they stalled; {} if none did."""
+    shown = {str(node): {"cpu_waited_s": round(seconds, 3), "limit_s": round(limit, 3),
+                         "stretched_limit_s": round(limits.stretched(limit, seconds), 3)}
+             for node, seconds in sorted(waited.items(), key=lambda item: str(item[0]))
+             if seconds >= SHOWN_WAIT_S}
+    return {"cpu_wait": shown} if shown else {}
+
+
+def with_host(verdicts: list[Verdict], snapshot: Snapshot) -> list[Verdict]:
+    """Each verdict's evidence says how loaded the judging host was."""
+    if snapshot.host is not None:
+        for verdict in verdicts:
+            verdict.evidence["host"] = asdict(snapshot.host)
+    return verdicts
