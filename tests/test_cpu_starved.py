@@ -3,17 +3,18 @@ time on top of its stall limit, at most Thresholds.cpu_stretch times the limit:
 the formula, its bound, the evidence, and the collector's /proc readers."""
 import os
 import time
+from dataclasses import asdict
 
 import pytest
 
 from diagnose.analysis import analyze
 from diagnose.analysis.starved import cpu_waited
 from diagnose.analysis.thresholds import StallLimits, Thresholds
-from diagnose.core.snapshot import CpuWait, HostLoad
+from diagnose.core.snapshot import CpuWait, HostLoad, ranks_from_dicts
 from diagnose.core.vocab import VerdictKind
 from diagnose.launch.cpuload import HostMeter, RunDelays
 from diagnose.offline.synth import hung_job
-from tests.helpers.synthetic import Job
+from helpers.synthetic import Job
 
 pytestmark = pytest.mark.unit
 
@@ -160,3 +161,14 @@ def test_host_without_psi_gives_the_load_alone(tmp_path):
     assert load.cpu_pressure is None and load.load_per_cpu >= 0.0
     (tmp_path / "odd").write_text("nothing here\n")
     assert HostMeter(psi_file=str(tmp_path / "odd")).read().cpu_pressure is None
+
+
+def test_a_node_report_carries_its_ranks_waits():
+    """Across nodes each rank is judged by the wait its own host's collector saw:
+    the samples travel in the RankState of the node's report."""
+    state = Job().ranks[0]
+    _starved(state, 10.0, 13.0, share=0.5)
+    [(rank, back)] = ranks_from_dicts({"0": asdict(state)}).items()
+    assert rank == 0 and back.cpu_waits == state.cpu_waits
+    with pytest.raises(ValueError):
+        ranks_from_dicts({"0": asdict(state) | {"cpu_waits": [{"at": "soon", "waited_s": 1.0}]}})

@@ -35,26 +35,27 @@ class RunDelays:
     def __init__(self, proc: str = "/proc"):
         self.proc = proc
         self._kept: dict[tuple, collections.deque[CpuWait]] = {}
+        self._shown: dict[tuple, list[CpuWait]] = {}   # the same list until a sample comes
 
     def history(self, pid: int, create_time: float) -> list[CpuWait]:
+        """The samples, oldest first; snapshots share the list, which nobody may modify."""
         key = (pid, create_time)
-        kept = self._kept.get(key)
+        kept = self._kept.setdefault(key, collections.deque())
         now = time.time()
-        if kept is None:
-            kept = self._kept[key] = collections.deque()
         if not kept or now - kept[-1].at >= SAMPLE_S:
             waited = self._read(pid)
-            if waited is None:
-                return list(kept)
-            kept.append(CpuWait(at=now, waited_s=waited))
-            while kept and now - kept[0].at > KEEP_S:
-                kept.popleft()
-        return list(kept)
+            if waited is not None:
+                kept.append(CpuWait(at=now, waited_s=waited))
+                while now - kept[0].at > KEEP_S:
+                    kept.popleft()
+                self._shown[key] = list(kept)
+        return self._shown.get(key, [])
 
     def forget_others(self, live: set[tuple]) -> None:
         """Drop the histories of processes no longer in the run dir."""
         for key in self._kept.keys() - live:
             del self._kept[key]
+            self._shown.pop(key, None)
 
     def _read(self, pid: int) -> float | None:
         """Seconds all the process's threads have waited for a CPU, or None."""
