@@ -3,7 +3,7 @@ stretch by the time a rank waited for a CPU and with the old limits
 (`diag launch --cpu-stretch 1`), side by side.
 
     PYTHONPATH=. python benchmarks/stress_loaded_host.py [--runs 5] [--per-cpu 4]
-        [--layout tp2pp4] [--json FILE]
+        [--layout tp2pp4] [--cases healthy,hang,spin] [--json FILE]
 
 Each run is the real engine (`python -m engine generate`, tiny-llama, gloo)
 under `diag launch --on-hang kill`; from its first step to its end, PER_CPU
@@ -14,6 +14,8 @@ busy loops per CPU, each in a session of its own, take the cores
             run): any verdict or a non-zero exit is a false alarm
   hang      rank 5 hangs in forward at step 4 (blocked): the verdict must be
             stuck_in_phase [5], and its detection time is kept
+  spin      the same, but rank 5 loops on the CPU (kind=spin): it waits for a
+            core as a healthy rank does, so its limit stretches (at most 10x)
 
 Prints a table per case and limits, and writes every run's outcome as JSON
 (default benchmarks/results/stress_loaded_host.json).
@@ -43,7 +45,9 @@ from diagnose.launch.collector import Collector  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "stress_loaded_host.json"
 CULPRIT = 5
-HANG = f"rank={CULPRIT},at=forward,step=4,kind=hang"
+FAULTS = {"hang": f"rank={CULPRIT},at=forward,step=4,kind=hang",
+          "spin": f"rank={CULPRIT},at=forward,step=4,kind=spin"}
+CASES = ("healthy", "hang", "spin")
 LIMITS = {"stretched": "10", "old": "1"}       # --cpu-stretch
 RUN_TIMEOUT_S = 300
 
@@ -70,7 +74,7 @@ def engine(layout: str, case: str) -> list[str]:
     tp, pp = layout.removeprefix("tp").split("pp")
     command = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "-tp", tp,
                "-pp", pp, "--ignore-eos"]
-    if case == "hang":
+    if case in FAULTS:
         return command + ["--prompt", "Where does the pipeline stop?", "--max-tokens", "32"]
     for i in range(8):
         command += ["--prompt", f"request {i}: " + "a long prompt that needs many chunks " * 4]
@@ -80,7 +84,7 @@ def engine(layout: str, case: str) -> list[str]:
 
 def run_one(root: str, index: int, case: str, limits: str, layout: str, per_cpu: int) -> Run:
     run_dir = os.path.join(root, f"{index:03d}-{case}-{limits}")
-    fault = ["--fault", HANG] if case == "hang" else []
+    fault = ["--fault", FAULTS[case]] if case in FAULTS else []
     began = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "diagnose.cli", "launch", "--run-dir",
                              run_dir, "--on-hang", "kill", "--cpu-stretch", LIMITS[limits],
@@ -115,12 +119,12 @@ def _stepping(collector: Collector) -> bool:
 
 def table(runs: list[Run]) -> list[dict]:
     rows = []
-    for case in ("healthy", "hang"):
+    for case in CASES:
         for limits in LIMITS:
             mine = [run for run in runs if (run.case, run.limits) == (case, limits)]
             if not mine:
                 continue
-            detected = [v[2] for run in mine if run.right and case == "hang" for v in run.verdicts]
+            detected = [v[2] for run in mine if run.right and case in FAULTS for v in run.verdicts]
             wrong = sorted({f"{v[0]} {v[1]}" for run in mine if not run.right
                             for v in run.verdicts} | {f"exit {run.exit_code}" for run in mine
                                                       if not run.right and not run.verdicts})
@@ -153,22 +157,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of each case and limits")
     parser.add_argument("--per-cpu", type=int, default=4, help="busy loops per CPU")
     parser.add_argument("--layout", default="tp2pp4")
+    parser.add_argument("--cases", default=",".join(CASES), help="of " + ", ".join(CASES))
     parser.add_argument("--json", default=str(RESULTS))
     args = parser.parse_args()
+    if not set(args.cases.split(",")) <= set(CASES):
+        parser.error(f"--cases: of {', '.join(CASES)}")
     root = tempfile.mkdtemp(prefix="stress-loaded-")
     runs: list[Run] = []
     for index in range(args.runs):
-        for case in ("healthy", "hang"):
+        for case in args.cases.split(","):
             for limits in LIMITS:
                 runs.append(run_one(root, len(runs), case, limits, args.layout, args.per_cpu))
-                print(f"[{len(runs)}/{args.runs * 4}] {asdict(runs[-1])}", file=sys.stderr,
+                print(f"[{len(runs)}/{args.runs * len(LIMITS) * len(args.cases.split(','))}] {asdict(runs[-1])}", file=sys.stderr,
                       flush=True)
     rows = table(runs)
     print_table(rows)
     Path(args.json).write_text(json.dumps({
         "machine": {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform()},
         "settings": {"runs": args.runs, "per_cpu": args.per_cpu, "layout": args.layout,
-                     "hang": HANG, "run_dir": root},
+                     "faults": FAULTS, "run_dir": root},
         "table": rows, "runs": [asdict(run) | {"right": run.right} for run in runs]}, indent=1))
     if all(run.right for run in runs if run.limits == "stretched"):
         shutil.rmtree(root, ignore_errors=True)

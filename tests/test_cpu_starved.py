@@ -117,7 +117,7 @@ def _fake_task(proc, pid: int, tid: int, text: str) -> None:
     (proc / str(pid) / "task" / str(tid) / "schedstat").write_text(text)
 
 
-def test_run_delays_sum_the_threads_and_sample_once_a_second(tmp_path, monkeypatch):
+def test_run_delays_sum_the_threads_and_keep_a_sample_a_second(tmp_path, monkeypatch):
     _fake_task(tmp_path, 42, 42, "5000 1500000000 7\n")
     _fake_task(tmp_path, 42, 43, "5000 500000000 2\n")
     _fake_task(tmp_path, 42, 44, "garbage\n")            # a thread that is ending
@@ -126,14 +126,16 @@ def test_run_delays_sum_the_threads_and_sample_once_a_second(tmp_path, monkeypat
     delays = RunDelays(proc=str(tmp_path))
     assert delays.history(42, 1.0) == [CpuWait(at=1000.0, waited_s=2.0)]
     _fake_task(tmp_path, 42, 42, "5000 4500000000 9\n")
-    clock[0] = 1000.5
-    assert len(delays.history(42, 1.0)) == 1              # not a second yet
+    clock[0] = 1000.5                                      # the latest read, not kept
+    assert delays.history(42, 1.0) == [CpuWait(1000.0, 2.0), CpuWait(1000.5, 5.0)]
     clock[0] = 1001.0
-    assert delays.history(42, 1.0)[-1] == CpuWait(at=1001.0, waited_s=5.0)
+    assert delays.history(42, 1.0) == [CpuWait(1000.0, 2.0), CpuWait(1001.0, 5.0)]
+    clock[0] = 1001.2
+    assert delays.history(42, 1.0)[-2:] == [CpuWait(1001.0, 5.0), CpuWait(1001.2, 5.0)]
     assert delays.history(7, 1.0) == []                    # no such process
     delays.forget_others({(7, 1.0)})
-    clock[0] = 1002.0
-    assert delays.history(42, 1.0) == [CpuWait(at=1002.0, waited_s=5.0)]
+    clock[0] = 1200.0
+    assert delays.history(42, 1.0) == [CpuWait(at=1200.0, waited_s=5.0)]
 
 
 def test_run_delays_of_a_real_process():

@@ -20,6 +20,8 @@ from helpers.run import diag
     (["launch", "--stall-timeout", "-3", "--", "true"], "seconds >= 0"),
     (["launch", "--stall-timeout", "0", "--", "true"], "at least 0.5 s for diag launch"),
     (["launch", "--stall-timeout", "0.2", "--", "true"], "at least 0.5 s for diag launch"),
+    (["launch", "--cpu-stretch", "0.5", "--", "true"], "a number >= 1 (1: no stretch)"),
+    (["launch", "--cpu-stretch", "inf", "--", "true"], "a number >= 1 (1: no stretch)"),
     (["launch", "--fault", "rank=0,at=forward,kind=sleep:inf", "--", "true"], "finite number"),
     (["launch", "--fault", "rank=0,at=forward,kind=sleep:nan", "--", "true"], "finite number"),
     (["launch", "--run-dir", "/proc/diag-run", "--", "true"], "cannot use run dir /proc/diag-run"),

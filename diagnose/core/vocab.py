@@ -122,6 +122,7 @@ def paired_op(op: str) -> Op:
 class FaultKind(Name):
     """What an injected fault does (diagnose/probe/faults.py says each)."""
     HANG = "hang"
+    SPIN = "spin"
     SLEEP = "sleep"
     CRASH = "crash"
     EXIT = "exit"

@@ -2,8 +2,8 @@
 /proc (Linux; elsewhere nothing is read and the stall limits stay as they are).
 
 Per rank: the run delay of each of its threads (/proc/PID/task/TID/schedstat,
-second field: nanoseconds spent runnable but not running), summed, sampled
-once a second and kept for two minutes, so that the analysis can tell how long
+second field: nanoseconds spent runnable but not running), summed, read at
+every snapshot, one sample a second kept for two minutes, so that the analysis can tell how long
 a stalled rank waited for a core over exactly the time it stalled.
 
 The host: PSI's cpu "some" share (/proc/pressure/cpu, from its cumulative
@@ -21,7 +21,7 @@ import time
 from diagnose.core.files import read_small
 from diagnose.core.snapshot import CpuWait, HostLoad
 
-SAMPLE_S = 1.0        # one run-delay sample a second per rank
+SAMPLE_S = 1.0        # one run-delay sample kept a second per rank
 KEEP_S = 120.0        # samples kept: a stall longer than this is discounted over its last 2 min
 PSI_WINDOW_S = 10.0
 PSI_FILE = "/proc/pressure/cpu"
@@ -38,18 +38,24 @@ class RunDelays:
         self._shown: dict[tuple, list[CpuWait]] = {}   # the same list until a sample comes
 
     def history(self, pid: int, create_time: float) -> list[CpuWait]:
-        """The samples, oldest first; snapshots share the list, which nobody may modify."""
+        """A sample a second, oldest first, and the one just read last (a wait
+        in the last second counts as much as any); snapshots share the list,
+        which nobody may modify."""
         key = (pid, create_time)
         kept = self._kept.setdefault(key, collections.deque())
+        waited = self._read(pid)
+        if waited is None:
+            return self._shown.get(key, [])
         now = time.time()
+        latest = CpuWait(at=now, waited_s=waited)
         if not kept or now - kept[-1].at >= SAMPLE_S:
-            waited = self._read(pid)
-            if waited is not None:
-                kept.append(CpuWait(at=now, waited_s=waited))
-                while now - kept[0].at > KEEP_S:
-                    kept.popleft()
-                self._shown[key] = list(kept)
-        return self._shown.get(key, [])
+            kept.append(latest)
+            while now - kept[0].at > KEEP_S:
+                kept.popleft()
+            self._shown[key] = list(kept)
+        else:
+            self._shown[key] = [*kept, latest]
+        return self._shown[key]
 
     def forget_others(self, live: set[tuple]) -> None:
         """Drop the histories of processes no longer in the run dir."""

@@ -5,6 +5,8 @@ the first time with step argument N; with step=all it fires on every entry
 (kind=sleep:S with step=all makes a straggler). Kinds:
 
   hang             block forever (the heartbeat thread keeps beating)
+  spin             loop forever on the CPU, in Python (a hang that computes: it needs
+                   a core, and on a starved host waits for one)
   sleep:SECONDS    block that long, then go on (a straggler)
   crash            SIGKILL self
   exit:CODE        exit at once with CODE, no clean-up
@@ -126,7 +128,7 @@ def _kind(text: str, value: str) -> tuple[FaultKind, float | None]:
     name, _, arg = value.partition(":")
     if name not in set(FaultKind):
         raise FaultSpecError(f"fault spec {text!r}: unknown kind {name!r} "
-                             f"(known: hang, sleep:SECONDS, crash, exit:CODE, "
+                             f"(known: hang, spin, sleep:SECONDS, crash, exit:CODE, "
                              f"skip_collective, skip_broadcast, raise, gpu_spin, device_assert)")
     kind = FaultKind(name)
     if kind == FaultKind.SLEEP:
@@ -201,6 +203,11 @@ def block_forever() -> None:
         time.sleep(1.0)
 
 
+def spin_forever() -> None:
+    while True:
+        pass
+
+
 def _gpu_spin(spec: FaultSpec) -> None:
     from kernels import faults as fault_kernels  # Triton and CUDA only for the GPU kinds
     flag = fault_kernels.spin_flag()
@@ -215,6 +222,7 @@ def _device_assert(spec: FaultSpec) -> None:
 
 _ACTS = {
     FaultKind.HANG: lambda spec: block_forever(),
+    FaultKind.SPIN: lambda spec: spin_forever(),
     FaultKind.SLEEP: lambda spec: time.sleep(spec.arg),
     FaultKind.CRASH: lambda spec: os.kill(os.getpid(), signal.SIGKILL),
     FaultKind.EXIT: lambda spec: os._exit(int(spec.arg)),
