@@ -113,7 +113,7 @@ def run_one(root: str, index: int, case: str, limits: str, layout: str, per_cpu:
 
 
 def _stepping(collector: Collector) -> bool:
-    return any(event.name == Phase.EXECUTE_MODEL for state in collector.snapshot().ranks.values()
+    return os.path.isdir(collector.run_dir) and any(event.name == Phase.EXECUTE_MODEL for state in collector.snapshot().ranks.values()
                for event in state.phases)
 
 

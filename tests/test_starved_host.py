@@ -5,6 +5,7 @@ verdict; a hang that spins is still named, later, with the time it waited for
 a CPU and the host's load in its evidence.
 benchmarks/stress_loaded_host.py runs both many times, beside the old limits."""
 import json
+import os
 import sys
 
 import pytest
@@ -46,7 +47,7 @@ def launch_starved(run_dir, command, *flags, timeout: float = 120) -> dict:
 
 
 def stepping(collector: Collector) -> bool:
-    return any(event.name == Phase.EXECUTE_MODEL for state in collector.snapshot().ranks.values()
+    return os.path.isdir(collector.run_dir) and any(event.name == Phase.EXECUTE_MODEL for state in collector.snapshot().ranks.values()
                for event in state.phases)
 
 

@@ -13,7 +13,7 @@ from diagnose.analysis.position import (current_step, device_progress, entered_s
                                         last_progress, last_step, limit_phase, milestone,
                                         open_step, phase_name, ring_behind, seen_until, tp_peers,
                                         where)
-from diagnose.analysis.starved import cpu_waited, wait_evidence
+from diagnose.analysis.starved import job_waited, wait_evidence
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
@@ -56,7 +56,7 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return _gpu_stuck(view, node, victims, limits)
     since, until = _stalled_since(view, node, victims), seen_until(view, node)
     stall, limit = until - since, limits.limit(limit_phase(view, node))
-    waited = cpu_waited(state, since, until)
+    waited = job_waited(view, since, until)
     if stall < limits.stretched(limit, waited) + sample_wait(view, node):
         return None
     if node != DRIVER and waits_for_absent(view, state):
@@ -114,7 +114,7 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
     its members inside."""
     limit = max(limits.limit(limit_phase(view, node)) for node in component)
     spans = {node: (last_progress(view.state(node)), seen_until(view, node)) for node in component}
-    waited = {node: cpu_waited(view.state(node), *spans[node]) for node in component}
+    waited = {node: job_waited(view, *spans[node]) for node in component}
     if any(until - since < limits.stretched(limit, waited[node])
            for node, (since, until) in spans.items()):
         return None

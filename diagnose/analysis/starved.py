@@ -1,11 +1,12 @@
-"""How long a stalled process waited for a CPU, from the run-delay samples the
-collector took of it (RankState.cpu_waits), and what goes in the evidence."""
+"""How long a stalled process, and the job around it, waited for a CPU, from the
+run-delay samples the collector took (RankState.cpu_waits); the evidence."""
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import asdict
 
 from diagnose.analysis.thresholds import StallLimits
+from diagnose.analysis.view import View
 from diagnose.core.snapshot import CpuWait, RankState, Snapshot, Verdict
 
 SHOWN_WAIT_S = 0.1        # less than this in the evidence would say nothing
@@ -19,6 +20,17 @@ def cpu_waited(state: RankState, since: float, until: float) -> float:
     if len(samples) < 2 or until <= since:
         return 0.0
     return max(0.0, _total_at(samples, until) - _total_at(samples, since))
+
+
+def job_waited(view: View, since: float, until: float) -> float:
+    """The longest any process of the job waited for a CPU between `since` and
+    `until`. A stalled rank may wait on a starved process the wait-for graph
+    does not show: a peer whose transport thread has not yet written what the
+    rank's collective needs, whose wait is then the peer's, not the rank's."""
+    sampled = view.memo("cpu sampled", lambda: [
+        state for state in [*view.ranks.values(), view.driver]
+        if state is not None and len(state.cpu_waits) > 1])
+    return max((cpu_waited(state, since, until) for state in sampled), default=0.0)
 
 
 def _total_at(samples: list[CpuWait], when: float) -> float:
