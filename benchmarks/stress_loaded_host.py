@@ -12,9 +12,9 @@ busy loops per CPU, each in a session of its own, take the cores
 
   healthy   long prompts in 32-token chunks (the fault matrix's chunked-prefill
             run): any verdict or a non-zero exit is a false alarm
-  hang      rank 5 hangs in forward at step 4 (blocked): the verdict must be
-            stuck_in_phase [5], and its detection time is kept
-  spin      the same, but rank 5 loops on the CPU (kind=spin): it waits for a
+  hang      rank 1 hangs in forward at step 4 (blocked): the verdict must be
+            stuck_in_phase [1], and its detection time is kept
+  spin      the same, but rank 1 loops on the CPU (kind=spin): it waits for a
             core as a healthy rank does, so its limit stretches (at most 10x)
 
 Prints a table per case and limits, and writes every run's outcome as JSON
@@ -44,7 +44,7 @@ from diagnose.core.vocab import Phase  # noqa: E402
 from diagnose.launch.collector import Collector  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "stress_loaded_host.json"
-CULPRIT = 5
+CULPRIT = 1
 FAULTS = {"hang": f"rank={CULPRIT},at=forward,step=4,kind=hang",
           "spin": f"rank={CULPRIT},at=forward,step=4,kind=spin"}
 CASES = ("healthy", "hang", "spin")

@@ -65,8 +65,8 @@ def test_a_healthy_job_on_a_starved_host_gives_no_verdict(tmp_path):
 def test_a_hang_that_spins_on_a_starved_host_is_named_later(tmp_path):
     """Rank 1 loops forever on the CPU in forward: it waits for a core like a
     healthy rank, so its limit stretches by that wait, never past 10 x 2 s."""
-    body = launch_starved(tmp_path / "run", engine(*PROMPTS, "--max-tokens", "32"),
-                          "--fault", "rank=1,at=forward,step=3,kind=spin")
+    body = launch_starved(tmp_path / "run", engine(*PROMPTS, "--max-tokens", "8"),
+                          "--fault", "rank=1,at=forward,step=1,kind=spin")
     assert [(v["kind"], v["culprit_ranks"]) for v in body["verdicts"]] == [
         ("stuck_in_phase", [1])], body["stderr"][-3000:]
     verdict = body["verdicts"][0]

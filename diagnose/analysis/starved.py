@@ -23,14 +23,15 @@ def cpu_waited(state: RankState, since: float, until: float) -> float:
 
 
 def job_waited(view: View, since: float, until: float) -> float:
-    """The longest any process of the job waited for a CPU between `since` and
-    `until`. A stalled rank may wait on a starved process the wait-for graph
-    does not show: a peer whose transport thread has not yet written what the
-    rank's collective needs, whose wait is then the peer's, not the rank's."""
+    """How long the job's processes waited for a CPU, in all, between `since`
+    and `until`. A stalled rank may wait on starved processes the wait-for
+    graph does not show, one after another: a peer whose transport thread has
+    not yet written what the rank's collective needs, the peer before it; so
+    the waits add up (where they overlap, the bound on the stretch caps them)."""
     sampled = view.memo("cpu sampled", lambda: [
         state for state in [*view.ranks.values(), view.driver]
         if state is not None and len(state.cpu_waits) > 1])
-    return max((cpu_waited(state, since, until) for state in sampled), default=0.0)
+    return sum(cpu_waited(state, since, until) for state in sampled)
 
 
 def _total_at(samples: list[CpuWait], when: float) -> float:
