@@ -94,6 +94,19 @@ def test_a_stall_while_another_process_of_the_job_waited_for_a_cpu_is_no_hang():
     assert analyze(snapshot) == []
 
 
+def test_the_waits_of_the_job_add_up():
+    """Two peers, each waiting 3.6 s of the 8 s: one alone would leave the
+    limit at 5.6 s; one after another they explain the whole stall."""
+    snapshot = _hang(8.0, share=None)
+    for rank in (5, 6):
+        _starved(snapshot.ranks[rank], NOW - 8.0, NOW, share=0.45)
+    assert analyze(snapshot) == []
+    snapshot.ranks[6].cpu_waits = []
+    [verdict] = analyze(snapshot)
+    assert verdict.evidence["cpu_wait"][str(CULPRIT)]["stretched_limit_s"] == pytest.approx(
+        5.6, abs=0.1)
+
+
 def test_a_blocked_hang_that_waits_for_no_cpu_is_named_on_time():
     [verdict] = analyze(_hang(3.0, share=0.0))
     assert verdict.culprit_ranks == [CULPRIT] and "cpu_wait" not in verdict.evidence
