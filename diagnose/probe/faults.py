@@ -5,8 +5,7 @@ the first time with step argument N; with step=all it fires on every entry
 (kind=sleep:S with step=all makes a straggler). Kinds:
 
   hang             block forever (the heartbeat thread keeps beating)
-  spin             loop forever on the CPU, in Python (a hang that computes: it needs
-                   a core, and on a starved host waits for one)
+  spin             loop forever on the CPU: a hang that computes (and waits for a core)
   sleep:SECONDS    block that long, then go on (a straggler)
   crash            SIGKILL self
   exit:CODE        exit at once with CODE, no clean-up
@@ -15,8 +14,7 @@ the first time with step argument N; with step=all it fires on every entry
                    the broadcast ring: the rank stops consuming the driver's messages
   raise            enter the phase and raise FaultRaised (a RuntimeError) inside it:
                    the phase ends in an exception, as a bug in its code would end it
-  gpu_spin         launch a kernel that spins forever on the current CUDA stream and
-                   go on: the host runs ahead while the GPU is stuck
+  gpu_spin         launch a kernel that spins forever on the stream, go on: the GPU is stuck
   device_assert    launch a kernel whose device-side assert fails and go on: the
                    CUDA error surfaces at a later call
 
@@ -203,11 +201,6 @@ def block_forever() -> None:
         time.sleep(1.0)
 
 
-def spin_forever() -> None:
-    while True:
-        pass
-
-
 def _gpu_spin(spec: FaultSpec) -> None:
     from kernels import faults as fault_kernels  # Triton and CUDA only for the GPU kinds
     flag = fault_kernels.spin_flag()
@@ -229,3 +222,8 @@ _ACTS = {
     FaultKind.GPU_SPIN: _gpu_spin,
     FaultKind.DEVICE_ASSERT: _device_assert,
 }
+
+
+def spin_forever() -> None:
+    while True:
+        pass
