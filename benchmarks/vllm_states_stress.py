@@ -48,12 +48,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS  # noqa: E402
+from helpers.run import ENGINE, PROMPTS, launch as launch_diag  # noqa: E402
 from helpers.vllm_faults import launch, plugin_installed  # noqa: E402
 from helpers.vllm_serving import make_checkpoint  # noqa: E402
 
 COMPILE_S = 600.0
 RESULTS = {"compile": "benchmarks/results/vllm_states_stress.json",
-           "raised": "benchmarks/results/vllm_raised_stress.json"}
+           "raised": "benchmarks/results/vllm_raised_stress.json",
+           "raised-engine": "benchmarks/results/engine_raised_stress.json"}
 
 
 @dataclass
@@ -130,7 +132,7 @@ def show(outcomes: list[Outcome]) -> None:
 @dataclass
 class Raised:
     repeat: int
-    ready_s: float
+    seconds: float                   # vLLM: until it was ready; our engine: the whole run
     verdicts: list[str]
     detected_after_s: float | None   # the first verdict's
     ended_by: str                    # "diag" (a verdict ended the run) or "vllm"
@@ -169,6 +171,27 @@ def run_raised(repeat: int, checkpoint: Path, work: Path, cache: Path) -> Raised
                   exit_code, rows, right)
 
 
+def run_raised_engine(repeat: int, work: Path) -> Raised:
+    work.mkdir(parents=True)
+    started = time.monotonic()
+    done = launch_diag(work, ENGINE[:6] + ["-tp", "2", "-pp", "1", "--ignore-eos", *PROMPTS[:2]],
+                       "--fault", "rank=1,at=execute_model,step=3,kind=raise", timeout=300,
+                       env={"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")})
+    report, code = done.report, done.body()["exit_code"]
+    verdicts = report["verdicts"]
+    first = verdicts[0] if verdicts else {}
+    by_engine = report["command_exit"] is not None
+    right = ([v["culprit_ranks"] for v in verdicts] == [[1]] and first["kind"] == "raised"
+             and "FaultRaised" in first["summary"] and first["step"] == 3)
+    rows = [f"rank {row['rank']}: {row['state']} {row['phase'] or '-'} step {row['step']}"
+            for row in report["ranks"]]
+    return Raised(repeat, round(time.monotonic() - started, 1),
+                  [f"{v['kind']} {v['culprit_ranks']} victims {v['victim_ranks']}"
+                   for v in verdicts], first.get("detected_after_s"),
+                  "engine" if by_engine else "diag", None, (report.get("crashed") or {}).get(
+                      "rank"), code, rows, right)
+
+
 def _vllm_ended_after(run_dir: Path) -> float | None:
     try:
         raised_at = json.loads((run_dir / "error-0.json").read_text())["at"]
@@ -178,13 +201,15 @@ def _vllm_ended_after(run_dir: Path) -> float | None:
     return round(ended_at - raised_at, 2)
 
 
-def show_raised(outcomes: list[Raised]) -> None:
-    table = Table(title="tp=2, rank 0 raises inside its 4th execute_model on real vLLM")
-    for column in ("run", "ready s", "verdicts", "detected s", "ended by", "vLLM ended s",
+def show_raised(outcomes: list[Raised], engine: bool) -> None:
+    table = Table(title="tp=2, rank 1 raises inside execute_model step 3 on our engine" if engine
+                  else "tp=2, rank 0 raises inside its 4th execute_model on real vLLM")
+    for column in ("run", "run s" if engine else "ready s", "verdicts", "detected s", "ended by",
+                   "vLLM ended s",
                    "exit", "right"):
         table.add_column(column)
     for o in outcomes:
-        table.add_row(str(o.repeat), f"{o.ready_s:.0f}", "; ".join(o.verdicts) or "-",
+        table.add_row(str(o.repeat), f"{o.seconds:.0f}", "; ".join(o.verdicts) or "-",
                       "-" if o.detected_after_s is None else f"{o.detected_after_s:.2f}",
                       o.ended_by, str(o.vllm_ended_after_s), str(o.exit_code), str(o.right))
     Console(width=160).print(table)
@@ -192,7 +217,7 @@ def show_raised(outcomes: list[Raised]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", choices=("compile", "raised"), default="compile")
+    parser.add_argument("--case", choices=tuple(RESULTS), default="compile")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", help="copy every run dir into this directory")
     parser.add_argument("--work", help="a directory kept between calls for the checkpoint "
@@ -200,29 +225,34 @@ def main() -> None:
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     output = args.output or RESULTS[args.case]
-    if not plugin_installed():
+    if args.case != "raised-engine" and not plugin_installed():
         sys.exit("vllm_states_stress.py: real vLLM or the tests' fault plugin is not installed "
                  "here: run ./setup.sh --tests")
     work = Path(args.work or tempfile.mkdtemp(prefix="vllm-states-"))
     checkpoint = work / "tiny-llama"
-    if not checkpoint.exists():
+    if args.case != "raised-engine" and not checkpoint.exists():
         make_checkpoint(checkpoint)
     outcomes = []
     for repeat in range(args.repeats):
-        runs = [(f"run-{repeat}", None)] if args.case == "raised" else [
+        runs = [(f"run-{repeat}", None)] if args.case != "compile" else [
             (f"run-{repeat}-{index}", case) for index, case in enumerate(CASES)]
         for name, case in runs:
-            if case is None:
+            if case is not None:
+                outcomes.append(run_case(case, repeat, checkpoint, work / name))
+            elif args.case == "raised":
                 outcomes.append(run_raised(repeat, checkpoint, work / name, work / "cache"))
             else:
-                outcomes.append(run_case(case, repeat, checkpoint, work / name))
+                outcomes.append(run_raised_engine(repeat, work / name))
             print(f"{name}: {asdict(outcomes[-1])}", flush=True)
             if args.keep:
                 shutil.copytree(work / name / "run", Path(args.keep) / name, dirs_exist_ok=True)
             shutil.rmtree(work / name, ignore_errors=True)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
-    (show_raised if args.case == "raised" else show)(outcomes)
+    if args.case == "compile":
+        show(outcomes)
+    else:
+        show_raised(outcomes, engine=args.case == "raised-engine")
     Path(output).write_text(json.dumps(
         {"schema_version": 1, "case": args.case, "machine": platform.platform(),
          "cpus": os.cpu_count(), "load_average": os.getloadavg(),
