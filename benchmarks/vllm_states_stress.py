@@ -21,12 +21,18 @@ none) and a rank was seen compiling.
 
 --case raised (benchmarks/results/vllm_raised_stress.json; done-when 3): tp=2
 compiled, rank 0 raises RuntimeError inside its 4th execute_model, while requests
-run; the runs share one compile cache (only the first start is cold). Rank 0 is
+run; the runs share one compile cache (--work keeps it between calls). Rank 0 is
 vLLM's output rank: vLLM's engine ends a second or so later, while rank 1 waits
 in the step's all-reduce. Right: the one verdict is `raised [0]`, the exception
 named, rank 1 its victim, and diag's exit code fits who ended the run (1: diag,
 after the stall limit; 4: vLLM, first). Each run keeps how its ranks stood at the
-final judgment (the report's rank rows) and how long after the exception vLLM ended.
+final judgment (the report's rank rows) and how long after the exception the job
+was over (exit.json's ended_at: after diag ended what vLLM left running).
+
+--case raised-engine (benchmarks/results/engine_raised_stress.json): the same on
+our own engine (tests/test_states_e2e.py's case): tp=2, rank 1 raises inside its
+execute_model at step 3 (--fault), the engine catches it. Right: `raised [1]`.
+
 --keep DIR copies every run dir there.
 """
 from __future__ import annotations
@@ -136,7 +142,8 @@ class Raised:
     verdicts: list[str]
     detected_after_s: float | None   # the first verdict's
     ended_by: str                    # "diag" (a verdict ended the run) or "vllm"
-    vllm_ended_after_s: float | None  # from rank 0's exception to the command's end
+    job_ended_after_s: float | None   # from rank 0's exception to exit.json's ended_at: the
+                                      # job over, what vLLM left running ended by diag
     crashed_rank: int | None
     exit_code: int
     at_the_end: list[str]            # each rank's row as the final judgment saw it
@@ -167,7 +174,7 @@ def run_raised(repeat: int, checkpoint: Path, work: Path, cache: Path) -> Raised
     return Raised(repeat, round(ready_s, 1),
                   [f"{v['kind']} {v['culprit_ranks']} victims {v['victim_ranks']}"
                    for v in verdicts], first.get("detected_after_s"),
-                  "vllm" if by_vllm else "diag", _vllm_ended_after(run.run_dir), crashed,
+                  "vllm" if by_vllm else "diag", _job_ended_after(run.run_dir), crashed,
                   exit_code, rows, right)
 
 
@@ -192,7 +199,7 @@ def run_raised_engine(repeat: int, work: Path) -> Raised:
                       "rank"), code, rows, right)
 
 
-def _vllm_ended_after(run_dir: Path) -> float | None:
+def _job_ended_after(run_dir: Path) -> float | None:
     try:
         raised_at = json.loads((run_dir / "error-0.json").read_text())["at"]
         ended_at = json.loads((run_dir / "exit.json").read_text())["ended_at"]
@@ -205,13 +212,13 @@ def show_raised(outcomes: list[Raised], engine: bool) -> None:
     table = Table(title="tp=2, rank 1 raises inside execute_model step 3 on our engine" if engine
                   else "tp=2, rank 0 raises inside its 4th execute_model on real vLLM")
     for column in ("run", "run s" if engine else "ready s", "verdicts", "detected s", "ended by",
-                   "vLLM ended s",
+                   "job ended s",
                    "exit", "right"):
         table.add_column(column)
     for o in outcomes:
         table.add_row(str(o.repeat), f"{o.seconds:.0f}", "; ".join(o.verdicts) or "-",
                       "-" if o.detected_after_s is None else f"{o.detected_after_s:.2f}",
-                      o.ended_by, str(o.vllm_ended_after_s), str(o.exit_code), str(o.right))
+                      o.ended_by, str(o.job_ended_after_s), str(o.exit_code), str(o.right))
     Console(width=160).print(table)
 
 
