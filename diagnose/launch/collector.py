@@ -183,6 +183,8 @@ class Collector:
         if identity.host != self._host:
             return []
         key = (header.pid, header.create_time)
+        if key in self._local:          # read already in this snapshot (synthetic runs share one)
+            return self._run_delays.shown(key)
         self._local.add(key)
         return self._run_delays.history(*key)
 

@@ -45,7 +45,7 @@ class RunDelays:
         kept = self._kept.setdefault(key, collections.deque())
         waited = self._read(pid)
         if waited is None:
-            return self._shown.get(key, [])
+            return self.shown(key)
         now = time.time()
         latest = CpuWait(at=now, waited_s=waited)
         if not kept or now - kept[-1].at >= SAMPLE_S:
@@ -56,6 +56,10 @@ class RunDelays:
         else:
             self._shown[key] = [*kept, latest]
         return self._shown[key]
+
+    def shown(self, key: tuple) -> list[CpuWait]:
+        """What history() last returned for the process."""
+        return self._shown.get(key, [])
 
     def forget_others(self, live: set[tuple]) -> None:
         """Drop the histories of processes no longer in the run dir."""
