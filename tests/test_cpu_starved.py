@@ -13,7 +13,8 @@ from diagnose.analysis.thresholds import StallLimits, Thresholds
 from diagnose.core.snapshot import CpuWait, HostLoad, ranks_from_dicts
 from diagnose.core.vocab import VerdictKind
 from diagnose.launch.cpuload import HostMeter, RunDelays
-from diagnose.offline.synth import hung_job
+from diagnose.launch.collector import Collector
+from diagnose.offline.synth import hung_job, write_run_dir
 from helpers.synthetic import Job
 
 pytestmark = pytest.mark.unit
@@ -196,3 +197,15 @@ def test_a_node_report_carries_its_ranks_waits():
     assert rank == 0 and back.cpu_waits == state.cpu_waits
     with pytest.raises(ValueError):
         ranks_from_dicts({"0": asdict(state) | {"cpu_waits": [{"at": "soon", "waited_s": 1.0}]}})
+
+
+def test_the_collector_reads_a_process_once_a_snapshot(tmp_path):
+    """A synthetic run dir's ranks are all this process: one read, one history."""
+    run = write_run_dir(hung_job(8, 2, CULPRIT, VerdictKind.STUCK_IN_PHASE).snapshot(),
+                        str(tmp_path / "run"))
+    collector = Collector(run.run_dir)
+    for _ in range(2):
+        snapshot = collector.snapshot()
+    histories = {id(state.cpu_waits) for state in [*snapshot.ranks.values(), snapshot.driver]}
+    assert len(histories) == 1 and 1 <= len(snapshot.ranks[0].cpu_waits) <= 2
+    assert snapshot.host is not None and snapshot.host.load_per_cpu >= 0.0
