@@ -63,6 +63,21 @@ def _tier(item) -> str | None:
     return FILE_TIERS.get(os.path.basename(str(item.fspath)))
 
 
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """The tiny Llama checkpoint every real vLLM test serves."""
+    return vllm_serving.make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """One vLLM compile cache for the session, as a user's machine has one: each
+    layout compiles cold once (minutes on 2 cores), then starts warm. The compile
+    faults of tests/test_vllm_states.py compile a function of their own at run
+    time, which no cache holds."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 _named_vllm: dict[str, str | None] = {}   # "reason": why that venv's vLLM does not import
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.vllm_serving import Server, make_checkpoint, serve_command, vllm_missing
+from helpers.vllm_serving import Server, serve_command, vllm_missing
 
 from helpers.run import diag, free_port
 
@@ -59,12 +59,11 @@ def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]
     return done, time.monotonic() - start
 
 
-def test_vllm_tp2_pp2_healthy_then_rank_asleep_inside_execute_model(tmp_path_factory, tmp_path):
-    checkpoint = make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+def test_vllm_tp2_pp2_healthy_then_rank_asleep_inside_execute_model(checkpoint, cache, tmp_path):
     port = free_port()
     go = tmp_path / "go"
     server = Server.start(serve_command(checkpoint, port, 2, 2), port,
-                          tmp_path_factory.mktemp("vllm-cache"), 4, tmp_path / "vllm.log",
+                          cache, 4, tmp_path / "vllm.log",
                           tidy_shm=True, env={"HS_TEST_FAULT": f"rank=2,call=1,kind=sleep,after={go}"})
     pids: set[int] = set()
     stop = threading.Event()

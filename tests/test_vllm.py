@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from helpers.collecting import collect
-from helpers.vllm_serving import (PROMPT, Server, launch_vllm, make_checkpoint, serve_command,
+from helpers.vllm_serving import (PROMPT, Server, launch_vllm, serve_command,
                                   vllm_missing)
 from helpers.run import free_port
 
@@ -26,23 +26,13 @@ DETECT_S = 5.0
 MARK = "vllm.model_executor.models.llama:LlamaModel.forward=forward"
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-cache")
-
-
 def report(run_dir: Path) -> dict:
     return json.loads((run_dir / "report.json").read_text())
 
 
 def left_behind(cache: Path) -> list[str]:
-    """Processes still running of this module's vLLM servers: the compile cache they
-    were given is this module's (a worker's title hides its command, and other vLLM
+    """Processes still running of this session's vLLM servers: the compile cache they
+    were given is this session's (a worker's title hides its command, and other vLLM
     processes on the machine are not ours)."""
     ours = str(cache / "vllm")
     found = []

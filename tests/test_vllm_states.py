@@ -18,7 +18,7 @@ import pytest
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
 from helpers.terminal import Terminal
 from helpers.vllm_faults import culprits, launch, plugin_missing
-from helpers.vllm_serving import VENV_NAMED, make_checkpoint
+from helpers.vllm_serving import VENV_NAMED
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(plugin_missing(), reason="real vLLM or the tests' "
@@ -26,16 +26,6 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.timeout(1800)]
 DETECT_S = 10.0           # loose: CI shares two cores with vLLM's compile workers
 COMPILE_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-cache")
 
 
 def rank_row(report: dict, rank: int) -> dict:
