@@ -80,7 +80,9 @@ def test_base_requires_only_the_debugger_and_has_no_torch(venv):
     base = {re.match(r"[A-Za-z0-9._-]+", r).group() for r in requires if "extra ==" not in r}
     assert base == DEBUGGER_REQUIRES
     engine = {re.match(r"[A-Za-z0-9._-]+", r).group() for r in requires if 'extra == "engine"' in r}
-    assert {"torch", "triton", "numpy", "aiohttp"} <= engine
+    assert {"torch", "numpy", "aiohttp"} <= engine
+    gpu = {re.match(r"[A-Za-z0-9._-]+", r).group() for r in requires if 'extra == "gpu"' in r}
+    assert gpu == {"triton"}
     for module in ("torch", "numpy", "triton"):
         missing = python(venv, f"import {module}")
         assert missing.returncode == 1 and "ModuleNotFoundError" in missing.stderr, module
