@@ -47,8 +47,9 @@ def launch_starved(run_dir, command, *flags, timeout: float = 120) -> dict:
 
 
 def stepping(collector: Collector) -> bool:
-    return os.path.isdir(collector.run_dir) and any(event.name == Phase.EXECUTE_MODEL for state in collector.snapshot().ranks.values()
-               for event in state.phases)
+    return os.path.isdir(collector.run_dir) and any(
+        event.name == Phase.EXECUTE_MODEL
+        for state in collector.snapshot().ranks.values() for event in state.phases)
 
 
 def test_a_healthy_job_on_a_starved_host_gives_no_verdict(tmp_path):

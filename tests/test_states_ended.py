@@ -236,7 +236,7 @@ def test_the_real_run_dir_read_later_gives_raised_too():
 CRASHED_RUN = os.path.join(REPO, "tests", "fixtures", "runs", "vllm_crashed_exit0")
 
 
-def test_a_finished_run_dir_read_hours_later_is_judged_as_it_ended(tmp_path):
+def test_a_finished_run_dir_read_hours_later_is_judged_as_it_ended():
     """The real vLLM 0.32 run dir of that case 5 (tp2 pp2, ranks 2 and 3 asserted in
     step 29, vLLM exited 0), read hours after it ended: its ranks' last waits are
     measured to the job's end, not to now. Measured to now, rank 0's 0.1 s wait on
@@ -248,7 +248,7 @@ def test_a_finished_run_dir_read_hours_later_is_judged_as_it_ended(tmp_path):
     assert body["crashed"]["rank"] == 3 and "AssertionError" in body["crashed"]["summary"]
 
 
-def test_a_finished_job_is_judged_at_its_recorded_end_or_else_its_last_heartbeat(tmp_path):
+def test_a_finished_job_is_judged_at_its_recorded_end_or_else_its_last_sign_of_life(tmp_path):
     run = shutil.copytree(CRASHED_RUN, tmp_path / "run")
     last_beat = Collector(str(run)).snapshot().taken_at
     assert time.time() - last_beat > 3600       # the fixture is older than an hour

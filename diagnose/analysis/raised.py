@@ -126,9 +126,7 @@ def _raised_after_it_was_gone(raiser: RankState, state: RankState, event: PhaseE
     own = state.error
     if raiser.alive or own is None or (own.phase, own.step) != (error.phase, error.step):
         return False
-    gone = max([raiser.heartbeat_at] + [max(phase.start, phase.end or 0.0)
-                                        for phase in raiser.phases + raiser.open_phases])
-    return event.end >= gone
+    return event.end >= raiser.last_sign_of_life
 
 
 def _stalled(view: View, node: Node, error: RaisedError, limits: StallLimits) -> bool:

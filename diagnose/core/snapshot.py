@@ -178,6 +178,12 @@ class RankState:
         return self.open_phases[-1] if self.open_phases else None
 
     @property
+    def last_sign_of_life(self) -> float:
+        """Its last heartbeat, or a phase it entered or left after it."""
+        return max([self.heartbeat_at] + [max(event.start, event.end or 0.0)
+                                          for event in self.phases + self.open_phases])
+
+    @property
     def only_stacks(self) -> bool:
         """Known only by what was seen from outside (diag attach): a sample of what
         it does and its stacks, no phase or collective of its own."""

@@ -256,10 +256,10 @@ class Collector:
 
 def _last_sign_of_life(ranks: dict[int, RankState], driver: RankState | None,
                        now: float) -> float:
-    """When a finished job last showed life: its latest heartbeat. A run dir read
-    hours later is judged as it stood then, not as if its ranks had stalled since."""
-    beats = [state.heartbeat_at for state in [*ranks.values(), driver] if state is not None]
-    return max(beats, default=now)
+    """When a finished job last showed life. A run dir read hours later is judged
+    as it stood then, not as if its ranks had stalled since."""
+    return max((state.last_sign_of_life for state in [*ranks.values(), driver]
+                if state is not None), default=now)
 
 
 def pid_alive(pid: int, create_time: float) -> bool:
