@@ -149,6 +149,29 @@ def test_a_process_that_died_after_the_first_exception_is_its_consequence():
     assert "then rank 0 died" in verdicts[0].summary and 0 in verdicts[0].victim_ranks
 
 
+def test_a_peer_whose_last_heartbeat_came_before_the_exception_died_after_it():
+    """Our engine in CI: rank 1 raises and its process ends; rank 0's all-reduce
+    fails with "connection closed" and it exits 1. Rank 0's last heartbeat came
+    before rank 1's exception, but its own failed step came after: it was alive
+    then, so its death is the exception's consequence, not the cause."""
+    job, t = vllm_tp2(steps=3, now_after=1.0)
+    job.driver_step(3, t, None)
+    caught_exception(job, t, 1, 3)
+    job.died(1, t + 0.1, 1)
+    compiled_step(job, 0, 3, t, None)
+    state = job.ranks[0]
+    state.open_phases[0].end = t + 0.3
+    state.open_phases = []
+    state.error = RaisedError(pid=state.identity.pid, at=t + 0.3, phase=Phase.EXECUTE_MODEL,
+                              step=3, error="RuntimeError: Connection closed by peer",
+                              frame="engine/communicator.py:100 all_reduce")
+    job.died(0, t + 0.4, 1)
+    state.heartbeat_at = t - 0.1
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [(VerdictKind.RAISED, [1])]
+    assert "it died" in verdicts[0].summary
+
+
 def test_an_error_in_dequeue_is_the_engine_ending_not_a_cause():
     job, t = vllm_tp2(steps=3, now_after=0.05)
     state = job.ranks[1]

@@ -168,7 +168,8 @@ def gpu_behind(record: CollectiveRecord) -> bool:
 
 
 def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
-    """Dead processes, each dated by its last heartbeat: the driver notices a
+    """Dead processes, each dated by its last sign of life (a heartbeat, a phase,
+    its own exception, which may come after the last heartbeat): the driver notices a
     worker's exit only when it next looks, and notes only the first it finds.
     The driver's own exit code is the wrapped command's. When the command
     ended with 0, a process that is gone simply finished, unless the driver
@@ -182,7 +183,8 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
     if snapshot.driver is not None:
         exits = {exit.rank: exit for exit in snapshot.driver.worker_exits}
     if snapshot.command_exit == 0:
-        return {rank: Death(rank, min(exit.at, snapshot.ranks[rank].heartbeat_at), exit.exitcode)
+        return {rank: Death(rank, min(exit.at, snapshot.ranks[rank].last_sign_of_life),
+                            exit.exitcode)
                 for rank, exit in exits.items()
                 if exit.exitcode not in (0, None) and rank in snapshot.ranks}
     stopping = driver_shutting_down(snapshot)
@@ -190,9 +192,9 @@ def find_deaths(snapshot: Snapshot) -> dict[Node, Death]:
     for rank, state in snapshot.ranks.items():
         if rank in exits:
             exit = exits[rank]
-            deaths[rank] = Death(rank, min(exit.at, state.heartbeat_at), exit.exitcode)
+            deaths[rank] = Death(rank, min(exit.at, state.last_sign_of_life), exit.exitcode)
         elif not state.alive and not stopping and not state.ended_normally:
-            deaths[rank] = Death(rank, state.heartbeat_at, None)
+            deaths[rank] = Death(rank, state.last_sign_of_life, None)
     driver = snapshot.driver
     if driver is not None and not driver.alive and (
             snapshot.command_exit is not None or not (driver.ended_normally or stopping)):

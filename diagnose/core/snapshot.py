@@ -179,9 +179,11 @@ class RankState:
 
     @property
     def last_sign_of_life(self) -> float:
-        """Its last heartbeat, or a phase it entered or left after it."""
-        return max([self.heartbeat_at] + [max(event.start, event.end or 0.0)
-                                          for event in self.phases + self.open_phases])
+        """Its last heartbeat, or a phase it entered or left, or its exception,
+        after it."""
+        raised = [self.error.at] if self.error is not None else []
+        return max([self.heartbeat_at] + raised + [max(event.start, event.end or 0.0)
+                                                   for event in self.phases + self.open_phases])
 
     @property
     def only_stacks(self) -> bool:
