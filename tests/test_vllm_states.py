@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
+from helpers.run import wait_for
 from helpers.terminal import Terminal
 from helpers.vllm_faults import culprits, launch, plugin_missing
 from helpers.vllm_serving import VENV_NAMED
@@ -122,26 +123,30 @@ def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0
     """One start, two checks. Rank 1 compiles new functions for 30 s inside its
     3rd step (long enough for the sampler and the TUI to see it): no verdict
     and no kill (with --on-hang kill), and the TUI shows it compiling; the job
-    serves on. Then ranks 2 and 3 assert inside their 30th step, two requests
-    later: vLLM's engine dies and vLLM exits 0; diag says crashed, names the
-    first failure, and exits with its crash code. A hang verdict during the compile would have
-    ended the run (--on-hang kill) with 1 instead."""
+    serves on. Once a request is answered after the compile, ranks 2 and 3
+    assert inside their next step: vLLM's engine dies and vLLM exits 0; diag says
+    crashed, names the first failure, and exits with its crash code. A hang
+    verdict during the compile would have ended the run (--on-hang kill) with 1
+    instead."""
+    crash_now = tmp_path / "crash-now"
     run = launch(tmp_path, checkpoint, cache, "rank=1,call=3,kind=compile,seconds=30;"
-                 "rank=2,call=30,kind=assert;rank=3,call=30,kind=assert", pp=2)
+                 f"rank=2,call=4,kind=assert,after={crash_now};"
+                 f"rank=3,call=4,kind=assert,after={crash_now}", pp=2)
     run.start_requests()
     run.fired("rank 1 call 3: compile", COMPILE_S)
     screen = tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
     assert "CULPRIT" not in screen, screen
     run.fired("rank 1 call 3: compile done", COMPILE_S)
     served = len(run.texts)
+    wait_for(lambda: len(run.texts) > served, COMPILE_S, "request served after the compile")
+    crash_now.touch()
     code = run.server.finish()
     run.stop.set()
     report = run.report()
-    show("tp2 pp2 compile at call 3, then asserts at call 30", report)
+    show("tp2 pp2 compile at call 3, then asserts", report)
     assert all(1 not in ranks for ranks in culprits(report)), report["verdicts"]
     assert report["crashed"]["rank"] in (2, 3), report["crashed"]
     assert "AssertionError" in report["crashed"]["summary"]
-    assert len(run.texts) > served, "nothing served after the compile"
     assert report["command_exit"] == 0
     assert code == EXIT_CRASHED, run.server.tail()
 
