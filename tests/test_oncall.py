@@ -16,7 +16,7 @@ from helpers.run import diag, left_behind
 
 pytestmark = pytest.mark.e2e
 
-FAULT_RANK, FAULT_STEP, KILL_AFTER_S = 3, 12, 5
+FAULT_RANK, FAULT_STEP, KILL_AFTER_S = 3, 150, 5   # step 150: seconds of healthy scrapes first
 
 
 @pytest.fixture(scope="module")
