@@ -11,6 +11,7 @@ import pytest
 from diagnose.analysis import analyze
 from diagnose.offline.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
 from diagnose.analysis.thresholds import Thresholds
+from diagnose.launch.flight import BUFFER_ENTRIES, fr_env
 from helpers.fr_dumps import nccl_dump, nccl_entry
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -246,3 +247,11 @@ def test_an_entry_with_a_field_out_of_type_or_range_makes_its_dump_unreadable(
     assert note.startswith("trace_0: entry 1: ") and note.endswith(", skipped")
     assert list(run.snapshot.unreadable) == [0]
     assert [record.seq for record in run.snapshot.ranks[1].collectives] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("user", [{}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"},
+                                  {"TORCH_FR_BUFFER_SIZE": "500"}])
+def test_diag_launch_sets_the_ring_size_the_user_chose_under_both_names(tmp_path, user):
+    added = fr_env(str(tmp_path), user)
+    size = "500" if user else BUFFER_ENTRIES
+    assert (added["TORCH_NCCL_TRACE_BUFFER_SIZE"], added["TORCH_FR_BUFFER_SIZE"]) == (size, size)

@@ -26,11 +26,14 @@ WAIT_S = 5.0               # a monitor thread looks at its pipe about once a sec
 
 def fr_env(run_dir: str, env: dict[str, str]) -> dict[str, str]:
     """The variables that send every rank's Flight Recorder dump into RUN_DIR/fr. A
-    ring size the user chose is kept; where the dumps and pipes go is diag's."""
+    ring size the user chose (by either name, the new one first) is kept, under both
+    names (the probe drops the old one where torch reads the new); where the dumps
+    and pipes go is diag's."""
     directory = os.path.join(os.path.abspath(run_dir), FR_DIR)
     os.makedirs(directory, exist_ok=True)
     _clear(directory)
-    added = {var: env.get(var) or BUFFER_ENTRIES for var in BUFFER_VARS}
+    size = next((env[var] for var in reversed(BUFFER_VARS) if env.get(var)), BUFFER_ENTRIES)
+    added = dict.fromkeys(BUFFER_VARS, size)
     added |= {var: os.path.join(directory, DUMP_PREFIX) for var in DUMP_VARS}
     added[PIPE_VAR] = os.path.join(directory, PIPE_PREFIX)
     return added

@@ -18,6 +18,7 @@ import sys
 PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"          # torch opens PREFIX<rank>.pipe
 DUMP_VARS = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")  # PREFIX<rank>
 BUFFER_VARS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
+RENAMED_IN = (2, 9)     # the torch that reads BUFFER_VARS[1] and keeps [0] as an alias
 DUMP_PREFIX = "fr_trace_rank_"
 PIPE_PREFIX = "fr_pipe_rank_"
 
@@ -38,3 +39,11 @@ def write_gloo_dump() -> None:
         os.replace(path + ".part", path)
     except Exception:   # noqa: BLE001 - a dump must never raise in the host program
         pass
+
+
+def drop_deprecated_alias(dist) -> None:
+    """`diag launch` sets both names of the ring's size for any torch; from
+    torch 2.9 the new one is read and the old one only warns, once per rank."""
+    old, new = BUFFER_VARS
+    if sys.modules["torch"].__version__ >= RENAMED_IN and os.environ.get(old) == os.environ.get(new):
+        os.environ.pop(old, None)

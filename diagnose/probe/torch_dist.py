@@ -22,7 +22,7 @@ import zlib
 
 from diagnose import probe
 from diagnose.core.vocab import P2P_OPS, Op, Role
-from diagnose.probe import notes
+from diagnose.probe import fr_dump, notes
 
 GROUP_NAME_BYTES = 16   # the probe file's group field
 
@@ -106,6 +106,7 @@ def _call(callback, module) -> None:
 
 def install() -> None:
     on_import("torch.distributed", patch_torch_distributed)
+    on_import("torch.distributed", fr_dump.drop_deprecated_alias)
 
 
 # Patching torch.distributed.
