@@ -19,7 +19,6 @@ from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
 from helpers.run import wait_for
 from helpers.terminal import Terminal
 from helpers.vllm_faults import culprits, launch, plugin_missing
-from helpers.vllm_serving import VENV_NAMED
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(plugin_missing(), reason="real vLLM or the tests' "
@@ -36,6 +35,15 @@ def rank_row(report: dict, rank: int) -> dict:
 def seen_doing(run_dir: Path, rank: int) -> str:
     """What diag launch last saw the rank do (its state-R.json)."""
     return json.loads((run_dir / f"state-{rank}.json").read_text())["activity"]
+
+
+def detect_bound(verdict: dict) -> float:
+    """DETECT_S, plus the time the host kept the job off its CPUs, by which diag
+    stretched its stall limit (the verdict's cpu_wait evidence): a loaded machine
+    makes a rank slower, not hung."""
+    stretch = [entry["stretched_limit_s"] - entry["limit_s"]
+               for entry in verdict["evidence"].get("cpu_wait", {}).values()]
+    return DETECT_S + max(stretch, default=0.0)
 
 
 def show(case: str, report: dict) -> None:
@@ -61,11 +69,6 @@ def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:
 
 
 @pytest.mark.every_release
-@pytest.mark.xfail(VENV_NAMED, strict=False, reason=(
-    "open (#25): on vLLM 0.11 (.ci/run's HANGSCOPE_VLLM_VENV) rank 1, waiting in the compiled "
-    "all-reduce at torch/_ops.py __call__, was named a second culprit: 0.11's _C.abi3.so is "
-    "stripped (no shm_allreduce symbol, unlike 0.32's), so its native frame has no name that "
-    "says 'collective'"))
 def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits(
         tmp_path, checkpoint, cache):
     run = launch(tmp_path, checkpoint, cache, "rank=0,call=5,kind=sleep")
@@ -75,7 +78,7 @@ def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits
     assert culprits(report) == [[0]], [v["summary"] for v in report["verdicts"]]
     verdict = report["verdicts"][0]
     assert verdict["victim_ranks"] == [1]
-    assert verdict["detected_after_s"] < DETECT_S
+    assert verdict["detected_after_s"] < detect_bound(verdict)
     assert rank_row(report, 1)["state"] == "victim"
     assert (seen_doing(run.run_dir, 0), seen_doing(run.run_dir, 1)) == ("sleeping", "collective")
     assert code == EXIT_VERDICTS, run.server.tail()
@@ -88,7 +91,7 @@ def test_tp2_pp2_rank3_asleep_inside_its_2nd_step_is_the_one_culprit(tmp_path, c
     report = run.report()
     show("tp2 pp2 rank 3 sleeps at call 2", report)
     assert culprits(report) == [[3]], [v["summary"] for v in report["verdicts"]]
-    assert report["verdicts"][0]["detected_after_s"] < DETECT_S
+    assert report["verdicts"][0]["detected_after_s"] < detect_bound(report["verdicts"][0])
     assert rank_row(report, 2)["state"] == "victim"
     assert code == EXIT_VERDICTS, run.server.tail()
 
