@@ -104,9 +104,11 @@ def measure(version: str, venv: Path | None, opts) -> dict:
         if done.returncode != 0:
             entry["install_error"] = (done.stdout + done.stderr).strip().splitlines()[-3:]
             return entry | {"hooks_applied": [], "hooks_missing": [], "tests": {}}
-        # the plugin's entry point, as setup.sh registers it (a venv given is left as it is)
+        # the plugins' entry points, as setup.sh registers them: hangscope's and the
+        # tests' fault plugin (a venv given is left as it is)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "-e",
-                        str(REPO)], check=True, capture_output=True)
+                        str(REPO), "-e", str(REPO / "tests" / "vllm_env" / "faultplugin")],
+                       check=True, capture_output=True)
     entry["venv_mb"] = _size_mb(venv)
     entry["torch"] = _run(venv, "import torch; print(torch.__version__)")
     entry |= hooks(venv)
