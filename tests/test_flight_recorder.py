@@ -255,3 +255,34 @@ def test_diag_launch_sets_the_ring_size_the_user_chose_under_both_names(tmp_path
     added = fr_env(str(tmp_path), user)
     size = "500" if user else BUFFER_ENTRIES
     assert (added["TORCH_NCCL_TRACE_BUFFER_SIZE"], added["TORCH_FR_BUFFER_SIZE"]) == (size, size)
+
+
+def test_worker_processes_read_many_dumps_as_this_process_does(monkeypatch, tmp_path):
+    """Past PARALLEL_FROM dumps, workers read them FILES_PER_TASK at a time: the
+    same snapshot, the same notes in the same order, a dump that asks to run
+    code refused there as here, and nothing it asks for run."""
+    from diagnose.offline import flight_recorder, synth_fr
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    directory = tmp_path / "fr"
+    synth_fr.write_fr_dumps(str(directory), 16, 4, 5, 20)
+    (directory / "nccl_trace_rank_7").write_bytes(pickle.dumps({"entries": [Payload()]}))
+    (directory / "nccl_trace_rank_9").write_bytes(b"")
+    shutil.copy(directory / "nccl_trace_rank_3", directory / "old_nccl_trace_rank_3")
+    alone = read_fr_dir(str(directory))
+    monkeypatch.setattr(flight_recorder, "PARALLEL_FROM", 2)
+    monkeypatch.setattr(flight_recorder, "FILES_PER_TASK", 3)
+    spread = read_fr_dir(str(directory))
+    assert spread.snapshot == alone.snapshot
+    assert spread.notes == alone.notes
+    assert "nccl_trace_rank_7: not a Flight Recorder dump (UnpicklingError: refusing to load " \
+           "posix.mkdir: a Flight Recorder dump holds plain data only), skipped" in spread.notes
+    assert sorted(spread.snapshot.unreadable) == [7, 9]
+    assert not marker.exists()
+    [verdict] = analyze(spread.snapshot, POST_MORTEM)
+    assert verdict.culprit_ranks == analyze(alone.snapshot, POST_MORTEM)[0].culprit_ranks

@@ -13,7 +13,9 @@ holds 'version', 'pg_config' {pg name: {'name', 'desc', 'ranks': "[0, 1]"}},
 The files are unpickled by an unpickler that refuses every global: a dump is
 built from dicts, lists, tuples, strings and numbers only, so nothing in it
 can run code. A file's size is checked before it is read, and every field the
-reader takes is checked for its type and range (fr_entries.py). The rank is
+reader takes is checked for its type and range (fr_entries.py). Many dumps are
+read by worker processes, one per core; each sends back only the plain rows it
+made, which this process loads with the same unpickler. The rank is
 the number that ends the file name; with a prefix (torchfrtrace's -p), only
 files named PREFIX<rank> are dumps, the rank the digits after the prefix. The snapshot is taken at the newest time
 any dump records: ages come from the dumps' own clock, not the files' times.
@@ -31,24 +33,29 @@ damaged probe file is, and never makes its waiters culprits.
 from __future__ import annotations
 
 import gc
+import io
+import multiprocessing
 import os
 import pickle
 import re
 import resource
 import stat
 from collections import defaultdict
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from diagnose.core import progress
 from diagnose.core.layout import rank_list
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
-from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, records_of
+from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, rows_of
 from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
 from diagnose.offline.torch_debug import is_debug_file
 
 BAR_FROM_DUMPS = 64        # fewer take well under a second
+PARALLEL_FROM = 256        # fewer dumps are read in this process: workers would cost more
+FILES_PER_TASK = 32        # dumps a worker reads and sends back at a time
 RANK_IN_NAME = re.compile(r"(\d+)$")
 PICKLE_PROTOCOL_MARK = b"\x80"
 MAX_DUMP_BYTES = 256 << 20  # torch's default ring of 2000 entries is a few MB
@@ -160,30 +167,23 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     dumps: dict[int, _Dump] = {}
     unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
     with _gc_paused():
-        files = _dump_files(path, prefix, notes)
-        if len(files) >= BAR_FROM_DUMPS:
-            files = progress.track(files, f"reading {len(files)} Flight Recorder dumps", "dumps",
-                                   lambda file: file[0], summary=False)
-        for name, rank in files:
-            if rank in dumps:
-                notes.append(f"{name}: a second dump of rank {rank}, skipped")
-                continue
-            try:
-                dumps[rank] = _digest(name, load_dump(os.path.join(path, name)), notes)
-            except FlightRecorderError as error:
-                notes.append(f"{error}, skipped")
-                unreadable[rank] = str(error)
+        files = _one_per_rank(_dump_files(path, prefix, notes), notes)
+        for (_, rank), read in zip(files, _read_all(path, files)):
+            if isinstance(read, str):
+                notes.append(f"{read}, skipped")
+                unreadable[rank] = read
+            else:
+                dumps[rank] = _Dump(*read[:-1])
+                notes.extend(read[-1])
         if not dumps:
             reason = "; ".join(notes) if notes else "the directory is empty"
             raise FlightRecorderError(f"{path}: no readable Flight Recorder dump ({reason})")
         groups = resolve_groups(dumps, set(unreadable))
-        records: dict[int, list[CollectiveRecord]] = {}
-        for rank, dump in sorted(dumps.items()):
-            place(dump.records, groups[rank])
-            records[rank] = dump.records
+        records = {rank: place(dump.rows, groups[rank]) for rank, dump in sorted(dumps.items())}
         members = {group.label: group.members for by_name in groups.values()
                    for group in by_name.values()}
-        _settle_gloo_states(records, members, set(unreadable))
+        _settle_gloo_states(records, members, set(unreadable),
+                            {rank for rank, dump in dumps.items() if dump.gloo})
     taken_at = max([dump.newest for dump in dumps.values() if dump.newest is not None],
                    default=0.0)
     own = _groups_of_each_rank(members)
@@ -200,6 +200,80 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     snapshot = Snapshot(taken_at=taken_at, run_dir=path, ranks=dict(sorted(ranks.items())),
                         unreadable=unreadable)
     return FlightRecorderRun(snapshot, notes, group_names(dumps, groups))
+
+
+def _one_per_rank(files: list[tuple[str, int]], notes: list[str]) -> list[tuple[str, int]]:
+    """The first file of each rank; a second one is noted and skipped, unread."""
+    first: dict[int, str] = {}
+    for name, rank in files:
+        if rank in first:
+            notes.append(f"{name}: a second dump of rank {rank}, skipped")
+        else:
+            first[rank] = name
+    return [(name, rank) for name, rank in files if first[rank] == name]
+
+
+def _read_all(path: str, files: list[tuple[str, int]]) -> Iterator[tuple | str]:
+    """Each file's dump as _read_one gives it, in order. Many dumps are read by
+    worker processes, FILES_PER_TASK at a time; what a worker sends back is
+    plain data that it made itself (never an object of a dump), and it is
+    loaded by the same unpickler that refuses every global."""
+    names = [name for name, _ in files]
+    tasks = [(path, names[start:start + FILES_PER_TASK])
+             for start in range(0, len(names), FILES_PER_TASK)]
+    workers = min(_cores(), len(tasks)) if len(names) >= PARALLEL_FROM else 1
+    with _pool(workers) as pool:
+        done = pool.imap(_read_task, tasks) if pool else map(_read_task, tasks)
+        with _bar(len(names)) as advance:
+            for (_, task_names), sent in zip(tasks, done):
+                read = _DataOnlyUnpickler(io.BytesIO(sent)).load()
+                advance(len(task_names), task_names[-1])
+                yield from read
+
+
+def _bar(count: int):
+    if count < BAR_FROM_DUMPS:
+        return nullcontext(progress.quiet)
+    return progress.bar(f"reading {count} Flight Recorder dumps", count, "dumps", summary=False)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:               # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _pool(workers: int):
+    """A pool of `workers` processes, or None for one: then the caller reads in
+    this process. Forked where the platform can: the workers start in
+    milliseconds with this process's modules already imported."""
+    if workers < 2:
+        yield None
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with context.Pool(workers) as pool:
+        yield pool
+
+
+def _read_task(task: tuple[str, list[str]]) -> bytes:
+    """In a worker: _read_one of each file of the task, pickled."""
+    path, names = task
+    return pickle.dumps([_read_one(path, name) for name in names],
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _read_one(path: str, name: str) -> tuple | str:
+    """One dump as the fields of a _Dump and its notes, all plain data; or why
+    it cannot be read."""
+    notes: list[str] = []
+    try:
+        dump = _digest(name, load_dump(os.path.join(path, name)), notes)
+    except FlightRecorderError as error:
+        return str(error)
+    return dump.config, dump.pgs, dump.rows, dump.newest, dump.gloo, notes
 
 
 def _dump_files(path: str, prefix: str | None, notes: list[str]) -> list[tuple[str, int]]:
@@ -265,31 +339,33 @@ def _regular(path: str) -> bool:
 @dataclass
 class _Dump:
     """One rank's dump as read_fr_dir keeps it: its groups, and its entries
-    already made records (the entries' dicts, most of a dump, are dropped).
-    Until _place, a record's group is its pg name and its peer group-local."""
+    already made rows (the entries' dicts, most of a dump, are dropped).
+    A row's group is its pg name and its peer group-local (place makes records)."""
     config: dict[str, tuple[str, frozenset[int]]]  # pg name -> (desc, ranks) from pg_config
     pgs: dict[str, str]         # pg name -> desc, from the entries, the first seen
-    records: list[CollectiveRecord]
+    rows: list[tuple]           # fr_entries.ROW_FIELDS
     newest: float | None        # the newest time its entries record
+    gloo: bool                  # it has gloo entries, whose states are settled once all are read
 
 
 def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
-    """The dump's groups and records, or FlightRecorderError for an entry that is
+    """The dump's groups and rows, or FlightRecorderError for an entry that is
     not what torch writes. Of a ring longer than any torch keeps, the last
     MAX_ENTRIES entries."""
     count = len(dump["entries"])
     if count > MAX_ENTRIES:
         notes.append(f"{name}: {count} entries, the last {MAX_ENTRIES} read")
     try:
-        entries = records_of(dump["entries"][-MAX_ENTRIES:])
+        entries = rows_of(dump["entries"][-MAX_ENTRIES:])
     except BadEntry as error:
         raise FlightRecorderError(f"{name}: {error}") from None
-    return _Dump(config_of(dump.get("pg_config"), name, notes), entries.pgs, entries.records,
-                 entries.newest)
+    return _Dump(config_of(dump.get("pg_config"), name, notes), entries.pgs, entries.rows,
+                 entries.newest, entries.gloo)
 
 
 def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
-                        members: dict[str, list[int]], unreadable: set[int]) -> None:
+                        members: dict[str, list[int]], unreadable: set[int],
+                        gloo_ranks: set[int]) -> None:
     """gloo leaves every entry 'scheduled' (and 'retired' says little: a timed-out
     wait is retired too). Its calls block, so an entry the rank made another call
     after has completed; its last entry completed if every member of the group
@@ -303,7 +379,8 @@ def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],
         for record in rank_records:
             if record.peer is None and (record.group, record.seq) in last_calls:
                 reached[(record.group, record.seq)][rank] = record.t_enqueue
-    for rank, rank_records in records.items():
+    for rank in gloo_ranks:
+        rank_records = records[rank]
         for record, after in zip(rank_records, rank_records[1:] + [None]):
             if record.state != GLOO_UNKNOWN:
                 continue

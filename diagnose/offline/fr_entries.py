@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from dataclasses import dataclass
 
-from diagnose.core.snapshot import CollectiveRecord
 from diagnose.core.vocab import Op
 
 GLOO_UNKNOWN = "gloo"       # a gloo entry's state until the reader settles it
@@ -34,42 +34,63 @@ COALESCED_END = "coalesced"
 MAX_TENSORS = 1024
 MAX_DIMS = 32
 MAX_FRAMES = 64             # frames read for the call site
+MAX_SHARED = 1 << 14        # distinct sizes kept for records to share
+_SHAPES: dict[tuple, list[list[int]]] = {}
+_ints_only = frozenset({int}).issuperset
+_strs_only = frozenset({str}).issuperset
+_PAIRS, _PLAIN = (list, tuple), (str, int)
 
 
 class BadEntry(ValueError):
     """An entry without the fields, types or ranges a dump has."""
 
 
+# A record as a row of plain values, in the order the rank made the calls:
+# what a worker process sends back (flight_recorder.py makes the records).
+ROW_FIELDS = ("pg_name", "seq", "op", "peer", "shapes", "dtype", "site", "state", "t_enqueue",
+              "t_complete", "part", "out_shapes", "out_dtype")
+PG_NAME, SEQ, OP, PEER = 0, 1, 2, 3
+PART = ROW_FIELDS.index("part")
+
+
 @dataclass
 class RankEntries:
-    """One rank's entries: as records (their group still the pg name and their
-    peer group-local), the pgs they name (pg name -> desc, the first seen), and
-    the newest time they record."""
-    records: list[CollectiveRecord]
+    """One rank's entries: as rows (their group still the pg name and their peer
+    group-local), the pgs they name (pg name -> desc, the first seen), the
+    newest time they record, and whether any is gloo's."""
+    rows: list[tuple]
     pgs: dict[str, str]
     newest: float | None
+    gloo: bool = False
 
 
-def records_of(entries: list) -> RankEntries:
+def rows_of(entries: list) -> RankEntries:
     """The entries in the order the rank made them; BadEntry, naming the first
-    that is not what torch writes."""
+    that is not what torch writes. The calls that share a seq in one group are
+    numbered in order (part); in a dump whose ring wrapped, the first group's
+    earlier calls may be gone (None)."""
     numbered = []
     for index, entry in enumerate(entries):
         try:
             numbered.append((_record_id(entry), index, entry))
         except BadEntry as error:
             raise BadEntry(f"entry {index}: {error}") from None
-    numbered.sort(key=lambda triple: triple[0])
+    numbered.sort(key=_first)
     found = RankEntries([], {}, None)
+    wrapped = bool(numbered) and numbered[0][0] > 0
+    previous: dict[str, tuple] = {}      # pg name -> its last collective's row
     for _, index, entry in numbered:
         try:
-            record = _record(entry, found)
+            row = _row(entry, found, previous, wrapped)
         except BadEntry as error:
             raise BadEntry(f"entry {index}: {error}") from None
-        if record is not None:
-            found.records.append(record)
-    _number_parts(found.records, wrapped=bool(numbered) and numbered[0][0] > 0)
+        if row is not None:
+            found.rows.append(row)
     return found
+
+
+def _first(triple: tuple) -> int:
+    return triple[0]
 
 
 def _record_id(entry) -> int:
@@ -78,13 +99,15 @@ def _record_id(entry) -> int:
     return _count(entry.get("record_id", 0))
 
 
-def _record(entry: dict, found: RankEntries) -> CollectiveRecord | None:
+def _row(entry: dict, found: RankEntries, previous: dict[str, tuple],
+         wrapped: bool) -> tuple | None:
     """This runs for every entry of every dump (2000 a rank by default), so the
-    checks are plain type tests and the names and dtypes, which repeat, are
-    parsed once."""
+    checks are plain type tests, and what repeats (names, dtypes, shapes, call
+    sites) is parsed once and shared."""
     get = entry.get
     pg = get("process_group")
-    if not (type(pg) in (list, tuple) and len(pg) == 2 and _plain(pg[0]) and _plain(pg[1])):
+    if not (type(pg) in _PAIRS and len(pg) == 2 and type(pg[0]) in _PLAIN
+            and type(pg[1]) in _PLAIN):
         raise BadEntry("a process_group that is not (name, desc)")
     gloo, op, peer = _name(get("profiling_name"))
     if op == COALESCED_END and get("is_p2p") is True:
@@ -98,36 +121,27 @@ def _record(entry: dict, found: RankEntries) -> CollectiveRecord | None:
     newest = max(created, completed or 0.0, started or 0.0)
     if found.newest is None or newest > found.newest:
         found.newest = newest
-    name = str(pg[0])
+    name = _text(pg[0])
     if name not in found.pgs:
         found.pgs[name] = str(pg[1])
-    done = state == "completed"
-    return CollectiveRecord(
-        group=name, seq=_count(get("collective_seq_id")), op=op, peer=peer,
-        shapes=_sizes(get("input_sizes")), dtype=_dtypes(get("input_dtypes")),
-        nbytes=0, site=_site(get("frames")),
-        state=GLOO_UNKNOWN if gloo else "completed" if done else "enqueued",
-        t_enqueue=created, t_complete=(completed or created) if done else None,
-        out_shapes=_sizes(get("output_sizes")), out_dtype=_dtypes(get("output_dtypes")))
-
-
-def _number_parts(records: list[CollectiveRecord], wrapped: bool) -> None:
-    """Numbers the calls that share a seq in one group, in order. In a dump
-    whose ring wrapped, the first group's earlier calls may be gone."""
-    previous: dict[str, CollectiveRecord] = {}
-    for record in records:
-        if record.peer is not None:
-            continue
-        before = previous.get(record.group)
-        if before is not None and before.seq == record.seq:
-            record.part = None if before.part is None else before.part + 1
+    seq = _count(get("collective_seq_id"))
+    part = 0
+    if peer is None:
+        before = previous.get(name)
+        if before is not None and before[SEQ] == seq:
+            part = None if before[PART] is None else before[PART] + 1
         elif wrapped and not previous:
-            record.part = None
-        previous[record.group] = record
-
-
-def _plain(value) -> bool:
-    return type(value) is str or type(value) is int
+            part = None
+    if gloo:
+        found.gloo = True
+    done = state == "completed"
+    row = (name, seq, op, peer, _sizes(get("input_sizes")), _dtypes(get("input_dtypes")),
+           _site(get("frames")), GLOO_UNKNOWN if gloo else "completed" if done else "enqueued",
+           created, (completed or created) if done else None, part,
+           _sizes(get("output_sizes")), _dtypes(get("output_dtypes")))
+    if peer is None:
+        previous[name] = row
+    return row
 
 
 def _count(value) -> int:
@@ -151,13 +165,22 @@ def _seconds(value) -> float | None:
 
 
 def _sizes(value) -> list[list[int]]:
+    """The list itself, or for sizes seen before in this process the first such
+    list: records share them, and a worker sends each once."""
     if value is None:
         return []
-    if type(value) is not list or len(value) > MAX_TENSORS or not all(
-            type(shape) is list and len(shape) <= MAX_DIMS
-            and all(type(dim) is int for dim in shape) for shape in value):
+    if type(value) is not list or len(value) > MAX_TENSORS:
         raise BadEntry("sizes that are not lists of whole numbers")
-    return value
+    for shape in value:
+        if type(shape) is not list or len(shape) > MAX_DIMS or not _ints_only(map(type, shape)):
+            raise BadEntry("sizes that are not lists of whole numbers")
+    key = (len(value), *value[0]) if len(value) == 1 else (len(value), *map(tuple, value))
+    shared = _SHAPES.get(key)
+    if shared is None:
+        if len(_SHAPES) >= MAX_SHARED:
+            _SHAPES.clear()
+        shared = _SHAPES[key] = value
+    return shared
 
 
 def _dtypes(value) -> str:
@@ -165,11 +188,18 @@ def _dtypes(value) -> str:
     if value is None:
         return ""
     if type(value) is str:
-        return value
-    if type(value) is not list or len(value) > MAX_TENSORS or not all(
-            type(dtype) is str for dtype in value):
+        return _text(value)
+    if type(value) is not list or len(value) > MAX_TENSORS or not _strs_only(map(type, value)):
         raise BadEntry("dtypes that are not strings")
+    if len(value) == 1:
+        return _text(value[0])
     return _joined(tuple(value))
+
+
+
+def _text(value) -> str:
+    """A name that repeats in every entry, one object for all: a worker sends it once."""
+    return sys.intern(value) if type(value) is str else str(value)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -203,15 +233,16 @@ def _site(frames) -> str:
     for frame in frames[:MAX_FRAMES]:
         if type(frame) is not dict:
             continue
-        path, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
-        if not (type(path) is str and type(line) is int and type(name) is str):
+        path = frame.get("filename")
+        if type(path) is not str or TORCH_FRAMES in path:
             continue
-        if TORCH_FRAMES not in path:
-            return f"{_basename(path)}:{line} {name}"
+        line, name = frame.get("line"), frame.get("name")
+        if type(line) is int and type(name) is str:
+            return _site_text(path, line, name)
     return ""
 
 
 @functools.lru_cache(maxsize=4096)
-def _basename(path: str) -> str:
-    """The entries of a dump name the same few files over and over."""
-    return os.path.basename(path)
+def _site_text(path: str, line: int, name: str) -> str:
+    """The entries of a dump name the same few call sites over and over."""
+    return f"{os.path.basename(path)}:{line} {name}"

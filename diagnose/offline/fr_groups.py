@@ -122,9 +122,9 @@ def _rank_list(ranks) -> list[int]:
     return []
 
 
-def place(records: list[CollectiveRecord], groups: dict[str, Group]) -> None:
-    """Gives each record its group's label and its peer's global rank, and
-    numbers send/recv per (group, op, peer).
+def place(rows: list[tuple], groups: dict[str, Group]) -> list[CollectiveRecord]:
+    """The records of a dump's rows (fr_entries.ROW_FIELDS), each in its group's
+    label and with its peer's global rank, send/recv numbered per (group, op, peer).
 
     A ring that wrapped holds a different stretch of each rank's sends and
     recvs, so counting from the ring's start would pair the n-th send of one
@@ -132,19 +132,26 @@ def place(records: list[CollectiveRecord], groups: dict[str, Group]) -> None:
     together, so the numbers count from the last completed call of each
     (group, op, peer), which is 0 on both sides; calls after it are 1, 2, ...
     Where no call completed (gloo records no completion), they count from 1."""
+    records = []
     p2p: dict[tuple, list[CollectiveRecord]] = defaultdict(list)
-    for record in records:
-        group = groups.get(record.group) or Group(f"pg{record.group}", [])
-        record.group = group.label
-        if record.peer is not None:
-            local, members = record.peer, group.members
-            record.peer = members[local] if local < len(members) else local
-            p2p[(record.group, record.op, record.peer)].append(record)
+    for (pg_name, seq, op, peer, shapes, dtype, site, state, t_enqueue, t_complete, part,
+         out_shapes, out_dtype) in rows:
+        group = groups.get(pg_name) or Group(f"pg{pg_name}", [])
+        if peer is not None:
+            members = group.members
+            peer = members[peer] if peer < len(members) else peer
+        record = CollectiveRecord(group.label, seq, op, peer, shapes, dtype, 0, site, state,
+                                  t_enqueue, t_complete, part=part, out_shapes=out_shapes,
+                                  out_dtype=out_dtype)
+        records.append(record)
+        if peer is not None:
+            p2p[(record.group, op, peer)].append(record)
     for calls in p2p.values():
         done = [index for index, record in enumerate(calls) if record.state == "completed"]
         first = -done[-1] if done else 1
         for index, record in enumerate(calls):
             record.seq = first + index
+    return records
 
 
 def group_names(dumps: dict, groups: dict[int, dict[str, Group]]
