@@ -58,12 +58,13 @@ class View:
         names and one pass: at 1024 ranks x 2000 records that is most of the
         analysis's time."""
         joined, calls, highest_seq, p2p = self.joined, self.calls, self.highest_seq, self.p2p
+        disagreeing = self.disagreeing
         waiting = None
         for record in records:
-            group, seq = record.group, record.seq
-            if record.op in P2P_OPS:
-                key = (group, record.op, rank, record.peer)
-                p2p[key + (seq,)] = record
+            group, seq, op = record.group, record.seq, record.op
+            if op in P2P_OPS:
+                key = (group, op, rank, record.peer)
+                p2p[(group, op, rank, record.peer, seq)] = record
             else:
                 key = (group, rank)
                 members = joined.get((group, seq))
@@ -78,11 +79,11 @@ class View:
                         calls[(group, seq, part)] = {rank: record}
                     else:
                         first = next(iter(members.values()))
-                        if (record.op != first.op or record.shapes != first.shapes
+                        if (op != first.op or record.shapes != first.shapes
                                 or record.dtype != first.dtype
                                 or record.out_shapes != first.out_shapes
                                 or record.out_dtype != first.out_dtype):
-                            self.disagreeing.add((group, seq, part))
+                            disagreeing.add((group, seq, part))
                         members[rank] = record
             highest = highest_seq.get(key, -1)
             highest_seq[key] = seq if seq > highest else highest

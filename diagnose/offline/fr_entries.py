@@ -34,8 +34,8 @@ COALESCED_END = "coalesced"
 MAX_TENSORS = 1024
 MAX_DIMS = 32
 MAX_FRAMES = 64             # frames read for the call site
-MAX_SHARED = 1 << 14        # distinct sizes kept for records to share
-_SHAPES: dict[tuple, list[list[int]]] = {}
+MAX_SHARED = 1 << 14        # distinct sizes and call sites kept for records to share
+_SHARED: dict[tuple, object] = {}    # sizes and call sites, by their values
 _ints_only = frozenset({int}).issuperset
 _strs_only = frozenset({str}).issuperset
 _PAIRS, _PLAIN = (list, tuple), (str, int)
@@ -175,12 +175,18 @@ def _sizes(value) -> list[list[int]]:
         if type(shape) is not list or len(shape) > MAX_DIMS or not _ints_only(map(type, shape)):
             raise BadEntry("sizes that are not lists of whole numbers")
     key = (len(value), *value[0]) if len(value) == 1 else (len(value), *map(tuple, value))
-    shared = _SHAPES.get(key)
+    shared = _SHARED.get(key)
     if shared is None:
-        if len(_SHAPES) >= MAX_SHARED:
-            _SHAPES.clear()
-        shared = _SHAPES[key] = value
+        shared = _shared(key, value)
     return shared
+
+
+def _shared(key, value):
+    """`value`, kept for the next entries with the same `key` to share."""
+    if len(_SHARED) >= MAX_SHARED:
+        _SHARED.clear()
+    _SHARED[key] = value
+    return value
 
 
 def _dtypes(value) -> str:
@@ -238,11 +244,6 @@ def _site(frames) -> str:
             continue
         line, name = frame.get("line"), frame.get("name")
         if type(line) is int and type(name) is str:
-            return _site_text(path, line, name)
+            key = (path, line, name)
+            return _SHARED.get(key) or _shared(key, f"{os.path.basename(path)}:{line} {name}")
     return ""
-
-
-@functools.lru_cache(maxsize=4096)
-def _site_text(path: str, line: int, name: str) -> str:
-    """The entries of a dump name the same few call sites over and over."""
-    return f"{os.path.basename(path)}:{line} {name}"
