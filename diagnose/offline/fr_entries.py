@@ -34,7 +34,11 @@ COALESCED_END = "coalesced"
 MAX_TENSORS = 1024
 MAX_DIMS = 32
 MAX_FRAMES = 64             # frames read for the call site
-MAX_SHARED = 1 << 14        # distinct sizes and call sites kept for records to share
+# Sizes and call sites that records share: kept while there are fewer than
+# MAX_SHARED, and only small ones, so that what is kept stays a few MB.
+MAX_SHARED = 1 << 12
+SHARED_TENSORS = 4
+SHARED_CHARS = 512
 _SHARED: dict[tuple, object] = {}    # sizes and call sites, by their values
 _ints_only = frozenset({int}).issuperset
 _strs_only = frozenset({str}).issuperset
@@ -174,11 +178,11 @@ def _sizes(value) -> list[list[int]]:
     for shape in value:
         if type(shape) is not list or len(shape) > MAX_DIMS or not _ints_only(map(type, shape)):
             raise BadEntry("sizes that are not lists of whole numbers")
+    if len(value) > SHARED_TENSORS:
+        return value
     key = (len(value), *value[0]) if len(value) == 1 else (len(value), *map(tuple, value))
     shared = _SHARED.get(key)
-    if shared is None:
-        shared = _shared(key, value)
-    return shared
+    return shared if shared is not None else _shared(key, value)
 
 
 def _shared(key, value):
@@ -244,6 +248,13 @@ def _site(frames) -> str:
             continue
         line, name = frame.get("line"), frame.get("name")
         if type(line) is int and type(name) is str:
+            if len(path) + len(name) > SHARED_CHARS:
+                return _site_text(path, line, name)
             key = (path, line, name)
-            return _SHARED.get(key) or _shared(key, f"{os.path.basename(path)}:{line} {name}")
+            shared = _SHARED.get(key)
+            return shared if shared is not None else _shared(key, _site_text(path, line, name))
     return ""
+
+
+def _site_text(path: str, line: int, name: str) -> str:
+    return f"{os.path.basename(path)}:{line} {name}"
