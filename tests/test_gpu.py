@@ -12,7 +12,7 @@ import torch
 from engine.communicator import Communicator, Layout
 from engine.config import EngineConfig
 from engine.entrypoints.llm import LLM
-from engine.model import activation, attention, embed_head, layernorm, rotary_embedding
+from engine.model import activation, attention, embed_head, kernel_flags, layernorm, rotary_embedding
 from engine.model.config import LLAMA3_ROPE, ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_weights, resolve_model
@@ -164,7 +164,7 @@ def test_fused_kernels_give_the_unfused_logits(dtype, hidden, head_dim, monkeypa
     what the unfused kernels compute, bit for bit, in prefill chunks and decodes."""
     model = gpu_model(hidden, head_dim, dtype)
     fused = step_logits(model, "cuda", dtype)
-    monkeypatch.setattr(layers, "FUSED_KERNELS", False)
+    monkeypatch.setattr(kernel_flags, "FUSED_KERNELS", False)
     unfused = step_logits(model, "cuda", dtype)
     for out, ref in zip(fused, unfused):
         assert torch.equal(out, ref)
