@@ -363,6 +363,42 @@ def test_gemv_matches_the_product(dtype, shape, gen):
     assert_close(out, x.cpu().float() @ weight.cpu().float().T, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("silu", [False, True], ids=["product", "silu_and_mul"])
+@pytest.mark.parametrize("shape", [(2 * SIZES.hidden + 16, SIZES.hidden), (74, 1000)])
+def test_gemv_with_the_norm_folded_in(dtype, with_residual, silu, shape, gen):
+    """The norm (and SiLU-and-mul after) folded into the product against the separate
+    kernels, rms_norm then gemv (then silu_and_mul), each tested against float32 above:
+    the same residual bit for bit, the same result but for the order of the norm's sum
+    of squares. K 1000 is off the column tile and the row block."""
+    rows, k = shape
+    x, norm_weight = randn(1, k, dtype=dtype, gen=gen), randn(k, dtype=dtype, gen=gen)
+    residual = randn(1, k, dtype=dtype, gen=gen) if with_residual else None
+    weight = randn(rows, k, dtype=dtype, gen=gen) / k ** 0.5
+    out = gemv(x, weight, norm_weight, 1e-5, residual, silu_and_mul=silu)
+    normed = rms_norm(x, norm_weight, 1e-5, residual)
+    if with_residual:
+        (out, new_residual), (normed, separate_residual) = out, normed
+        assert torch.equal(new_residual.cpu(), separate_residual.cpu())
+    separate = gemv(normed, weight)
+    assert out.shape == (1, rows // 2 if silu else rows) and out.dtype == dtype
+    assert_close(out, (silu_and_mul(separate) if silu else separate).cpu(), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2 * SIZES.hidden, 2 * SIZES.hidden + 8), (74, 1000)])
+def test_gemv_with_silu_and_mul_folded_in(dtype, shape, gen):
+    """silu(gate) * up of the product's two halves, bit for bit as gemv then
+    silu_and_mul's kernel compute it (each tested against float32 above)."""
+    rows, k = shape
+    x = randn(1, k, dtype=dtype, gen=gen)
+    weight = randn(rows, k, dtype=dtype, gen=gen) / k ** 0.5
+    out = gemv(x, weight, silu_and_mul=True)
+    assert out.shape == (1, rows // 2) and out.dtype == dtype
+    assert torch.equal(out.cpu(), silu_and_mul(gemv(x, weight)).cpu())
+
+
 def test_gemv_refuses_more_than_one_row():
     with pytest.raises(ValueError, match=r"gemv needs x \[1, 8\]"):
         gemv(torch.zeros(2, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
