@@ -178,15 +178,32 @@ def test_one_row_products_take_gemv_and_match_cpu_reference(hidden, head_dim, mo
     from kernels import gemv as gemv_module
     products = []
     real_gemv = gemv_module.gemv
-    monkeypatch.setattr(gemv_module, "gemv", lambda x, w: products.append(w.shape) or real_gemv(x, w))
+    monkeypatch.setattr(gemv_module, "gemv",
+                        lambda x, w, *a, **kw: products.append((a, kw)) or real_gemv(x, w, *a, **kw))
     model = gpu_model(hidden, head_dim, torch.bfloat16)
     cpu_model = LlamaForCausalLM(model.config, Communicator(Layout(1, 1), 0), torch.float32, "cpu")
     cpu_model.load_state_dict({name: t.float().cpu() for name, t in model.state_dict().items()})
     for out, ref in zip(step_logits(model, "cuda", torch.bfloat16, ONE_REQUEST_STEPS),
                         step_logits(cpu_model, "cpu", torch.float32, ONE_REQUEST_STEPS)):
         assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
-    # 3 decode steps, each: qkv, o, gate_up and down in both layers, then the LM head
+    # 3 decode steps, each: qkv, o, gate_up and down in both layers, then the LM head;
+    # folded in: the second layer's input norm (the first's is the embedding's) and SiLU-and-mul
     assert len(products) == 3 * (4 * 2 + 1)
+    assert sum(bool(norm) for norm, _ in products) == 3
+    assert sum(bool(kw.get("silu_and_mul")) for _, kw in products) == 3 * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
+def test_norms_and_silu_folded_into_gemv_give_the_logits_of_their_kernels(dtype, hidden, head_dim,
+                                                                          monkeypatch):
+    """The norms and SiLU-and-mul folded into the one-row products against their own
+    kernels: only the order of the norm's sum of squares differs."""
+    model = gpu_model(hidden, head_dim, dtype)
+    folded = step_logits(model, "cuda", dtype, ONE_REQUEST_STEPS)
+    monkeypatch.setattr(kernel_flags, "GEMV_FOLD", False)
+    for out, ref in zip(folded, step_logits(model, "cuda", dtype, ONE_REQUEST_STEPS)):
+        assert relative_error(out, ref.cpu()) < TOLERANCE[dtype]
 
 
 # -- CUDA graphs ------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 ENGINE_FUSED_KERNELS=0 sends CUDA tensors through the torch path of a fused op (the
 embedding and the first RMSNorm; rotary and the KV-cache write): its two unfused ops.
-ENGINE_GEMV=0 sends batch-1 products to cuBLAS too. Both are read at every op from this
+ENGINE_GEMV=0 sends batch-1 products to cuBLAS too. ENGINE_GEMV_FOLD=0 keeps the
+RMSNorm before a batch-1 product and the SiLU-and-mul after the gate/up one as kernels of
+their own rather than folded into the gemv. All are read at every op from this
 module, so a benchmark may flip them between runs.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 FUSED_KERNELS = os.environ.get("ENGINE_FUSED_KERNELS", "1") != "0"
 GEMV = os.environ.get("ENGINE_GEMV", "1") != "0"
+GEMV_FOLD = os.environ.get("ENGINE_GEMV_FOLD", "1") != "0"
 
 
 def fused(x: torch.Tensor) -> bool:

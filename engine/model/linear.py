@@ -1,6 +1,7 @@
 """The projections: column- and row-parallel linears, and the one product they all use.
 
-Products go to cuBLAS (oneDNN on a CPU), but for one row on a GPU: kernels/gemv.py.
+Products go to cuBLAS (oneDNN on a CPU), but for one row on a GPU: kernels/gemv.py,
+which also folds in the RMSNorm before a product and the SiLU-and-mul after it.
 On a CPU a bfloat16 weight may be packed once into oneDNN's blocked layout
 (pack_linears); every projection that `linear` computes declares `packed` for it.
 """
@@ -12,7 +13,15 @@ from torch import nn
 
 from engine.communicator import Communicator
 from engine.model import kernel_flags
+from engine.model.activation import silu_and_mul
+from engine.model.layernorm import RMSNorm
 from engine.model.shard import Shard, param
+
+# A norm folded into a gemv costs each of its programs a read of the whole row: on an
+# H200 it wins where they are few (the 8B's qkv, 6144 rows: 18.0 us against 19.6 for
+# the norm's kernel then gemv) and loses where they are many (its gate/up, 28672 rows:
+# 80.4 against 69.7 us). benchmarks/gpu_gemv_fold.py, part (b).
+NORM_FOLD_MAX_ROWS = 8192
 
 
 def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
@@ -23,6 +32,24 @@ def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
         from kernels.gemv import gemv
         return gemv(x, module.weight)
     return F.linear(x, module.weight, module.bias)
+
+
+def normed_linear(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm | None, module: nn.Module,
+                  then_silu_and_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The product of norm(x, residual) (of x, normed already, without a norm), then
+    silu_and_mul of it if asked; and the residual the norm passes on. A one-row product
+    is a gemv with the activation folded in, and the norm too where it has few rows."""
+    fold = kernel_flags.GEMV_FOLD and _takes_gemv(x, module)
+    if norm is not None and fold and module.weight.shape[0] <= NORM_FOLD_MAX_ROWS:
+        from kernels.gemv import gemv
+        return gemv(x, module.weight, norm.weight, norm.eps, residual, silu_and_mul=then_silu_and_mul)
+    if norm is not None:
+        x, residual = norm(x, residual)
+    if fold and then_silu_and_mul:
+        from kernels.gemv import gemv
+        return gemv(x, module.weight, silu_and_mul=True), residual
+    out = linear(x, module)
+    return (silu_and_mul(out) if then_silu_and_mul else out), residual
 
 
 def _takes_gemv(x: torch.Tensor, module: nn.Module) -> bool:

@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from engine.communicator import Communicator
-from engine.model.activation import silu_and_mul
 from engine.model.attention import Attention, AttentionMetadata
 from engine.model.config import ModelConfig, check_parallel
 from engine.model.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.model.layernorm import RMSNorm
-from engine.model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.model.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, normed_linear
 from engine.model.rotary_embedding import RotaryEmbedding
 from engine.model.shard import Shard
 
@@ -42,12 +41,16 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim)
 
-    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+    def forward(self, positions, hidden, residual, norm: RMSNorm | None, kv_cache: KVCache,
+                meta: AttentionMetadata):
+        """Attention of norm(hidden, residual) (of hidden, normed already, without a norm);
+        returns its output and the residual."""
+        qkv, residual = normed_linear(hidden, residual, norm, self.qkv_proj)
+        q, k, v = self.qkv_proj.split(qkv)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(positions, q, k, v, self.rotary.cos_sin_cache, kv_cache, meta))
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary.cos_sin_cache, kv_cache, meta)), residual
 
     def shards(self, prefix: str) -> list[Shard]:
         return (self.qkv_proj.shards([f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"])
@@ -61,8 +64,10 @@ class LlamaMLP(nn.Module):
                                                        comm, dtype, device)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, comm, dtype, device)
 
-    def forward(self, hidden):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+    def forward(self, hidden, residual, norm: RMSNorm):
+        """The MLP of norm(hidden, residual); returns its output and the residual."""
+        hidden, residual = normed_linear(hidden, residual, norm, self.gate_up_proj, then_silu_and_mul=True)
+        return self.down_proj(hidden), residual
 
     def shards(self, prefix: str) -> list[Shard]:
         return (self.gate_up_proj.shards([f"{prefix}.gate_proj", f"{prefix}.up_proj"])
@@ -78,12 +83,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(cfg, comm, dtype, device)
 
-    def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
-        """hidden: input_layernorm's output, which the model computes (so that the first
-        layer's can be fused with the embedding). Returns the MLP's output and the residual."""
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+    def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata,
+                normed: bool = False):
+        """hidden: the previous layer's output, or with `normed` input_layernorm's output
+        already (the first layer's, fused with the embedding). Each norm runs with the
+        product after it (in one kernel where that is a one-row gemv). Returns the MLP's
+        output and the residual."""
+        hidden, residual = self.self_attn(positions, hidden, residual,
+                                          None if normed else self.input_layernorm, kv_cache, meta)
+        return self.mlp(hidden, residual, self.post_attention_layernorm)
 
     def shards(self, prefix: str) -> list[Shard]:
         return (self.input_layernorm.shards(f"{prefix}.input_layernorm")
@@ -119,11 +127,10 @@ class LlamaForCausalLM(nn.Module):
         """The first stage reads input_ids, the others the previous stage's (hidden, residual).
         Returns (hidden, residual) for the next stage, or (final-normed hidden, None) on the last."""
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            if i == 0 and self.embed_tokens is not None:
+            embeds = i == 0 and self.embed_tokens is not None
+            if embeds:
                 hidden, residual = self.embed_tokens(input_ids, layer.input_layernorm)
-            else:
-                hidden, residual = layer.input_layernorm(hidden, residual)
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, normed=embeds)
         if self.norm is not None:
             hidden, residual = self.norm(hidden, residual)[0], None
         return hidden, residual
