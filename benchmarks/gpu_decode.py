@@ -98,19 +98,24 @@ class Plan:
 # -- (b) ITL through the engine, (c) greedy parity ----------------------------------------
 
 @contextmanager
-def fused_kernels(on: bool):
-    """The engine's workers read ENGINE_FUSED_KERNELS when they start; this process's
-    engine.model.kernel_flags is read at every op."""
-    saved_env, saved_flag = os.environ.get(FUSED_VAR), kernel_flags.FUSED_KERNELS
-    os.environ[FUSED_VAR], kernel_flags.FUSED_KERNELS = ("1" if on else "0"), on
+def kernel_flag(env_var: str, name: str, on: bool):
+    """The engine's workers read env_var when they start; this process's
+    engine.model.kernel_flags.<name> is read at every op."""
+    saved_env, saved_flag = os.environ.get(env_var), getattr(kernel_flags, name)
+    os.environ[env_var] = "1" if on else "0"
+    setattr(kernel_flags, name, on)
     try:
         yield
     finally:
-        kernel_flags.FUSED_KERNELS = saved_flag
+        setattr(kernel_flags, name, saved_flag)
         if saved_env is None:
-            os.environ.pop(FUSED_VAR, None)
+            os.environ.pop(env_var, None)
         else:
-            os.environ[FUSED_VAR] = saved_env
+            os.environ[env_var] = saved_env
+
+
+def fused_kernels(on: bool):
+    return kernel_flag(FUSED_VAR, "FUSED_KERNELS", on)
 
 
 def engine_config(model: str) -> EngineConfig:
