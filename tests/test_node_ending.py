@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from diagnose.core.groups import GroupReader
 from diagnose.core.snapshot import Stop
 from diagnose.launch.nodes import NodeAgent, NodeHub, NodeReport, merge
 from helpers.synthetic import Job
@@ -72,5 +73,5 @@ def test_a_stopped_job_judges_its_nodes_as_of_the_stop(received_before_stop_s, l
     stop_at = 1_000_000.0
     report = NodeReport(1, expected_since=stop_at - 20.0,
                         received_at=stop_at - received_before_stop_s, connected=False)
-    merged = merge(stopped_head(stop_at), [report], [])
+    merged = merge(stopped_head(stop_at), [report], [], GroupReader())
     assert [node.lost for node in merged.nodes] == [lost]

@@ -103,7 +103,7 @@ class Collector:
         reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
         self.notes += notes
         self.refused += notes
-        return nodes.merge(snapshot, reports, self.notes) if reports else snapshot
+        return nodes.merge(snapshot, reports, self.notes, self._groups) if reports else snapshot
 
     def _read_job_notes(self) -> list[str]:
         """The job's notes; read again only when the file changed."""

@@ -28,12 +28,14 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from diagnose.core.link import Codec, HandshakeError, Limits, Link, json_codec
 from diagnose.core.listener import Listener
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
+from diagnose.core.groups import GroupReader
+from diagnose.core.layout import rank_ranges
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
 
@@ -96,7 +98,7 @@ class NodeReport:
     dropped: bool = False          # the connection ended without a goodbye
     command_exit: int | None = None
     dump_done: int = 0
-    ranks: dict = field(default_factory=dict)  # rank -> RankState as dataclasses.asdict
+    ranks: dict = field(default_factory=dict)  # rank -> RankState as asdict, groups as ranges
 
 
 class NodeHub:
@@ -182,8 +184,9 @@ class NodeHub:
 
     def _save(self, report: NodeReport) -> None:
         path = node_file(self.run_dir, report.node_rank)
-        with open(path + ".tmp", "w") as f:
-            json.dump(stamped(Document.NODE, asdict(report)), f, default=str)
+        body = {field.name: getattr(report, field.name) for field in fields(report)}
+        with open(path + ".tmp", "w") as f:   # a shallow body: asdict copied every rank
+            f.write(json.dumps(stamped(Document.NODE, body), default=str))
         os.replace(path + ".tmp", path)
 
     # -- what the head's launcher asks of it --------------------------------
@@ -260,13 +263,15 @@ def read_reports(run_dir: str) -> tuple[list[NodeReport], list[str]]:
     return reports, notes
 
 
-def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str]) -> Snapshot:
+def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str],
+          groups: GroupReader) -> Snapshot:
     """The head's snapshot with every other node's ranks and a NodeState for each;
-    what could not be merged goes into notes."""
+    what could not be merged goes into notes. `groups` reads the identities' groups
+    (ranges, as an agent sends them), each distinct text once."""
     reference = _reference_time(snapshot)
     for report in reports:
         try:
-            ranks = ranks_from_dicts(report.ranks)
+            ranks = _node_ranks(report.ranks, groups)
         except ValueError as error:
             notes.append(f"node {report.node_rank}: {error}")
             ranks = {}
@@ -283,6 +288,20 @@ def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str]) -> Sn
     snapshot.ranks = dict(sorted(snapshot.ranks.items()))
     snapshot.taken_at = _known_until(snapshot)
     return snapshot
+
+
+def _node_ranks(ranks: dict, groups: GroupReader) -> dict[int, RankState]:
+    """The RankStates of a node's report, each identity's groups read by `groups`
+    after the check, which would copy the lists the reader shares between ranks."""
+    members = {}
+    for rank, state in ranks.items():
+        identity = state.get("identity") if isinstance(state, dict) else None
+        if isinstance(identity, dict):
+            members[rank] = groups.read(identity.pop("groups", {}))
+    states = ranks_from_dicts(ranks)
+    for rank, read in members.items():
+        states[int(rank)].identity.groups = read
+    return states
 
 
 def _known_until(snapshot: Snapshot) -> float:
@@ -335,7 +354,8 @@ class NodeAgent:
                 finished: bool = False) -> HeadReply | None:
         """Send this node's ranks; the head's answer, or None if it cannot be reached.
         NodeError if the head does not share this node's token."""
-        body = {"ranks": {str(rank): asdict(state) for rank, state in ranks.items()},
+        encoded: dict[int, str] = {}
+        body = {"ranks": {str(rank): _on_the_wire(state, encoded) for rank, state in ranks.items()},
                 "command_exit": command_exit, "dump_done": dump_done, "finished": finished}
         try:
             link = self.link or self._connect()
@@ -374,3 +394,19 @@ class NodeAgent:
         if self.link is not None:
             self.link.close()
             self.link = None
+
+
+def _on_the_wire(state: RankState, encoded: dict[int, str]) -> dict:
+    """A rank's state as its node reports it: its dataclasses.asdict() form, but its
+    groups as ranges, as a probe file has them ("0-16383"), each list of members
+    encoded once (`encoded`, by the list's id: a node's ranks share them). As lists,
+    a group of the whole world made each report grow with the square of the ranks."""
+    groups = {}
+    for name, members in state.identity.groups.items():
+        if id(members) not in encoded:
+            encoded[id(members)] = rank_ranges(members)
+        groups[name] = encoded[id(members)]
+    body = asdict(replace(state, identity=replace(state.identity, groups={})))
+    body["identity"]["groups"] = groups
+    return body
+
