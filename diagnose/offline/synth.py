@@ -281,22 +281,29 @@ def hung_job(ranks: int, tp: int, culprit: int, kind: str, steps: int = 20, laye
         state.started_at = started_at
     t_hang = job.healthy(steps, job.everyone_started(started_at + 1.0), step_s)
     job.driver_step(steps, t_hang, None)
-    stage, lane = divmod(culprit, tp)
-    for rank in job.ranks:
+    hang_step(job, list(job.ranks), steps, t_hang, culprit, kind)
+    return job
+
+
+def hang_step(job: Job, ranks: list[int], step: int, t_hang: float, culprit: int,
+              kind: str) -> None:
+    """Step `step`, sent at t_hang, of `ranks`: `culprit` stops (kind) and every
+    other rank does what hung_job says."""
+    stage, lane = divmod(culprit, job.tp)
+    for rank in ranks:
         start = job.stage_start(rank, t_hang)
-        rank_stage, rank_lane = divmod(rank, tp)
+        rank_stage, rank_lane = divmod(rank, job.tp)
         if rank == culprit:
-            _stop_culprit(job, rank, steps, start, kind)
+            _stop_culprit(job, rank, step, start, kind)
         elif rank_stage == stage:
-            job.step(rank, steps, start,
+            job.step(rank, step, start,
                      stop="forward_last" if kind == VerdictKind.COLLECTIVE_MISSING_PEERS else "forward")
         elif rank_stage < stage:
-            job.dequeue(rank, job.step(rank, steps, start))
+            job.dequeue(rank, job.step(rank, step, start))
         elif kind == VerdictKind.COLLECTIVE_MISSING_PEERS and rank_stage == stage + 1 and rank_lane == lane:
-            job.step(rank, steps, start, stop="forward")   # the culprit's send reached it
+            job.step(rank, step, start, stop="forward")   # the culprit's send reached it
         else:
-            job.step(rank, steps, start, stop="pp_recv")
-    return job
+            job.step(rank, step, start, stop="pp_recv")
 
 
 def _stop_culprit(job: Job, rank: int, step: int, start: float, kind: str) -> None:
