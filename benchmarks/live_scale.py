@@ -1,0 +1,336 @@
+"""The live path at scale: a real `diag launch` head and NODES real agents on
+loopback, each agent reporting RANKS synthetic ranks (diagnose/offline/synth_live.py),
+a hang planted at a chosen step.
+
+    PYTHONPATH=. python benchmarks/live_scale.py [--nodes 16] [--ranks-per-node 1024]
+        [--tp 8] [--start-s 20] [--healthy-s 20] [--verdict-wait-s 60] [--cpu-stretch 10]
+        [--json benchmarks/results/live_scale.json]
+
+Measures, with psutil on the head's `diag launch` process: the cores it used
+while the job ran healthy and from the planted hang to the verdict (CPU time
+over wall time), and its peak RSS; the time from the planted hang (the moment
+the culprit took the hung step's message) to the head's verdict line naming it
+in its output.log; then `diag tui` on the head's run dir in a pty, its screen
+read through pyte (tests/helpers/terminal.py): the time until it names the
+culprit, and each key's latency (the key sent until the screen shows what it
+changed; pyte's parsing runs in this process, so these are upper bounds). Every process runs on this host: on a small machine the agents'
+work competes with the head's, and the table says the machine and its load.
+
+    PYTHONPATH=. python benchmarks/live_scale.py --passes [--nodes 16] [--ranks-per-node 1024]
+
+--passes: instead, in this process, the CPU time of each pass the live path makes
+on the same ranks, three seconds into the hang: an agent's report (to JSON), the
+head's decoding and saving of one report, and one poll of the head (reading the
+node files, merging them, the analysis). Writes benchmarks/results/live_passes.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from helpers.run import free_port  # noqa: E402
+from helpers.terminal import Terminal  # noqa: E402  (a pty read through pyte)
+
+from diagnose.analysis import analyze  # noqa: E402
+from diagnose.analysis.thresholds import Thresholds  # noqa: E402
+from diagnose.core.groups import GroupReader  # noqa: E402
+from diagnose.core.snapshot import RankState, Snapshot  # noqa: E402
+from diagnose.launch import nodes  # noqa: E402
+from diagnose.offline.synth import Job  # noqa: E402
+from diagnose.offline.synth_live import NodeRanks, Plan, launch  # noqa: E402
+
+AIMS = {"head_cores": 1.0, "verdict_s": 5.0, "tui_open_s": 2.0, "key_ms": 100.0}
+# (what is typed, what on the screen shows the TUI answered, whether it comes or goes)
+KEYS = [("\r", r"CULPRIT \[rank", False),     # the selected rank's detail on the whole width
+        ("\r", r"CULPRIT \[rank", True),      # and back to the grid
+        ("/", "filter by ranks", True),       # the filter opens
+        ("\r", "filter by ranks", False)]     # empty: it closes
+KEY_ROUNDS = 3
+KEY_WAIT_S = 10.0
+OPEN_WAIT_S = 60.0
+SCREEN = (160, 48)
+SAMPLE_S = 0.1
+STOP_WAIT_S = 30.0
+
+
+@dataclass
+class HeadWatch:
+    """Samples the head's CPU time and RSS; notes when its output names the culprit."""
+    process: psutil.Process
+    output_log: str
+    culprit_name: str
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, cpu seconds)
+    peak_rss: int = 0
+    verdict_at: float | None = None
+    verdict: str = ""
+    stopped: bool = False
+
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                times = self.process.cpu_times()
+                self.peak_rss = max(self.peak_rss, self.process.memory_info().rss)
+            except psutil.Error:
+                return
+            self.samples.append((time.time(), times.user + times.system))
+            if self.verdict_at is None:
+                self._look_for_verdict()
+            time.sleep(SAMPLE_S)
+
+    def _look_for_verdict(self) -> None:
+        try:
+            with open(self.output_log, errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            if line.startswith("diag: ") and f"{self.culprit_name} " in line:
+                self.verdict_at, self.verdict = time.time(), line
+                return
+
+    def cores(self, start: float, end: float) -> float | None:
+        inside = [(t, cpu) for t, cpu in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return None
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        return (c1 - c0) / (t1 - t0)
+
+
+@dataclass
+class TuiTimes:
+    open_s: float | None
+    key_ms: list[float | None]       # None: the key's change did not show within KEY_WAIT_S
+
+
+def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
+    """`diag tui RUN_DIR` in a pty: the time until its screen names the culprit,
+    then each key of KEY_ROUNDS until the screen shows what it changed."""
+    started = time.monotonic()
+    term = Terminal([sys.executable, "-m", "diagnose.cli", "tui", run_dir], env=dict(os.environ),
+                    columns=SCREEN[0], lines=SCREEN[1])
+    try:
+        opened = _until(term, culprit_name, True, OPEN_WAIT_S)
+        open_s = None if opened is None else opened - started
+        key_ms = []
+        for _ in range(KEY_ROUNDS):
+            for key, pattern, shown in KEYS:
+                sent = time.monotonic()
+                term.child.send(key)
+                answered = _until(term, pattern, shown, KEY_WAIT_S)
+                key_ms.append(None if answered is None else 1000 * (answered - sent))
+    finally:
+        term.child.terminate(force=True)
+    return TuiTimes(open_s, key_ms)
+
+
+def _until(term: Terminal, pattern: str, shown: bool, wait_s: float) -> float | None:
+    """When `pattern` came on the screen (or left it, shown=False); None past wait_s."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not term.read(0.002):
+            return None
+        if (re.search(pattern, term.text()) is not None) == shown:
+            return time.monotonic()
+    return None
+
+
+def run(args) -> dict:
+    world = args.nodes * args.ranks_per_node
+    culprit = world * 3 // 4 + 1 if args.culprit is None else args.culprit
+    os.environ["DIAG_NODE_TOKEN"] = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="live-scale-") as work:
+        t0 = time.time() + args.start_s
+        plan = Plan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, tp=args.tp,
+                    culprit=culprit, kind=args.kind, t0=t0, step_s=args.step_s,
+                    hang_step=math.ceil(args.healthy_s / args.step_s), history=args.history)
+        load_before = os.getloadavg()
+        job = launch(plan, work, free_port(), ("--cpu-stretch", f"{args.cpu_stretch:g}"))
+        name = f"rank {culprit}"
+        watch = HeadWatch(psutil.Process(job.head.pid), os.path.join(job.head_dir, "output.log"),
+                          name)
+        watcher = threading.Thread(target=watch.run, daemon=True)
+        watcher.start()
+        try:
+            deadline = plan.hang_at + args.verdict_wait_s
+            while watch.verdict_at is None and time.time() < deadline and job.head.poll() is None:
+                time.sleep(SAMPLE_S)
+            tui = time_tui(job.head_dir, name)
+            load_during = os.getloadavg()
+        finally:
+            watch.stopped = True
+            exit_code = job.stop(STOP_WAIT_S)
+        watcher.join()
+        said = [line for line in tail(os.path.join(job.head_dir, "output.log"), 10**6)
+                if line.startswith("diag: ")]
+        outputs = {os.path.basename(path): tail(path) for path in
+                   [os.path.join(work, "head.out"), os.path.join(work, "node-1.out")]}
+    verdict_s = None if watch.verdict_at is None else watch.verdict_at - plan.hang_at
+    return {
+        "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": world,
+        "tp": args.tp, "pp": plan.pp, "culprit": culprit, "kind": args.kind,
+        "step_s": args.step_s, "history": args.history, "cpu_stretch": args.cpu_stretch,
+        "head_cores_healthy": watch.cores(t0, plan.hang_at),
+        "head_cores_to_verdict": watch.cores(plan.hang_at, watch.verdict_at or time.time()),
+        "head_peak_rss_mb": watch.peak_rss / 2**20,
+        "verdict_s": verdict_s, "verdict": watch.verdict,
+        "tui_open_s": tui.open_s, "tui_key_ms": tui.key_ms,
+        "tui_key_ms_median": _median(tui.key_ms), "tui_key_ms_max": _max(tui.key_ms),
+        "head_exit": exit_code,
+        "machine": machine(),
+        "load_before": load_before, "load_during": load_during, "head_said": said, "outputs": outputs,
+    }
+
+
+def _median(values: list) -> float | None:
+    return None if None in values else statistics.median(values)
+
+
+def _max(values: list) -> float | None:
+    return None if None in values else max(values)
+
+
+def tail(path: str, lines: int = 5) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def table(result: dict) -> str:
+    def met(value, aim, unit):
+        if value is None:
+            return f"- | < {aim:g} {unit} | no"
+        return f"{value:.2f} {unit} | < {aim:g} {unit} | {'yes' if value < aim else 'no'}"
+    rows = [
+        ("head, cores used while healthy", met(result["head_cores_healthy"], AIMS["head_cores"], "cores")),
+        ("head, cores used from the hang to the verdict",
+         met(result["head_cores_to_verdict"], AIMS["head_cores"], "cores")),
+        ("verdict after the planted hang", met(result["verdict_s"], AIMS["verdict_s"], "s")),
+        ("`diag tui` open", met(result["tui_open_s"], AIMS["tui_open_s"], "s")),
+        ("`diag tui` key, median", met(result["tui_key_ms_median"], AIMS["key_ms"], "ms")),
+        ("`diag tui` key, max", met(result["tui_key_ms_max"], AIMS["key_ms"], "ms")),
+    ]
+    lines = ["| | measured | aim | met |", "|---|---|---|---|"]
+    lines += [f"| {label} | {cells} |" for label, cells in rows]
+    lines.append(f"| head, peak RSS | {result['head_peak_rss_mb']:.0f} MB | - | - |")
+    return "\n".join(lines)
+
+
+def passes(args) -> dict:
+    """CPU seconds of each pass of the live path, per report and per poll."""
+    world = args.nodes * args.ranks_per_node
+    plan = Plan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, tp=args.tp,
+                culprit=world * 3 // 4 + 1, kind=args.kind, t0=1000.0, step_s=args.step_s,
+                hang_step=10, history=args.history)
+    now, cpu = plan.hang_at + 3.0, time.process_time
+    spent = dict.fromkeys(["agent_report_s", "head_decode_s", "head_save_s"], 0.0)
+    size = 0
+    with tempfile.TemporaryDirectory(prefix="live-passes-") as run_dir:
+        hub = SimpleNamespace(run_dir=run_dir)
+        for node in range(1, args.nodes + 1):
+            ranks = NodeRanks(plan, node).snapshot(now).ranks
+            began = cpu()
+            encoded: dict = {}
+            data = nodes.JSON.encode({"ranks": {str(rank): nodes._on_the_wire(state, encoded)
+                                                for rank, state in ranks.items()}})
+            spent["agent_report_s"] += cpu() - began
+            size += len(data)
+            began = cpu()
+            body = nodes.JSON.decode(data)
+            spent["head_decode_s"] += cpu() - began
+            began = cpu()
+            nodes.NodeHub._save(hub, nodes.NodeReport(node, ranks=body["ranks"], received_at=now,
+                                                      connected=True))
+            spent["head_save_s"] += cpu() - began
+        began = cpu()
+        reports, notes = nodes.read_reports(run_dir)
+        read_s = cpu() - began
+        began = cpu()
+        head = Snapshot(taken_at=now, run_dir=run_dir, ranks={}, driver=driver(plan, now))
+        snapshot = nodes.merge(head, reports, notes, GroupReader())
+        merge_s = cpu() - began
+    began = cpu()
+    verdicts = analyze(snapshot)
+    return {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": world,
+            "report_mb": size / args.nodes / 1e6,
+            **{name: value / args.nodes for name, value in spent.items()},
+            "poll_read_s": read_s, "poll_merge_s": merge_s, "poll_analyze_s": cpu() - began,
+            "verdicts": len(verdicts), "verdict": verdicts[0].summary if verdicts else None,
+            "machine": machine(), "load": os.getloadavg()}
+
+
+def driver(plan: Plan, now: float) -> RankState:
+    """The head's driver as synth_live's plays it: each step in execute_model until
+    its pass ends, the hung step's open."""
+    job = Job(plan.tp, 1, op_s=plan.op_s)
+    for step in range(plan.hang_step + 1):
+        sent = plan.sent_at(step)
+        job.driver_step(step, sent, None if step == plan.hang_step else sent + plan.pass_s)
+    job.driver.heartbeat_at = now
+    return job.driver
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--ranks-per-node", type=int, default=1024)
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--culprit", type=int, help="default: three quarters into the ranks")
+    parser.add_argument("--kind", default="never_reached")
+    parser.add_argument("--step-s", type=float, default=0.5)
+    parser.add_argument("--history", type=int, default=16, help="records kept per rank")
+    parser.add_argument("--start-s", type=float, default=20.0,
+                        help="from the launch to step 0: the agents start and connect")
+    parser.add_argument("--healthy-s", type=float, default=20.0, help="steps before the hang")
+    parser.add_argument("--verdict-wait-s", type=float, default=60.0)
+    parser.add_argument("--cpu-stretch", type=float, default=Thresholds.cpu_stretch,
+                        help="the head's --cpu-stretch (default %(default)g, diag's; 1: off)")
+    parser.add_argument("--passes", action="store_true",
+                        help="the CPU time of each pass, in this process (see above)")
+    parser.add_argument("--json", help="default: benchmarks/results/live_scale.json "
+                                       "(live_passes.json with --passes)")
+    args = parser.parse_args()
+    if args.passes:
+        result = passes(args)
+        print(json.dumps(result, indent=1))
+        write(result, args.json or "benchmarks/results/live_passes.json")
+        return
+    result = run(args)
+    print(f"{result['ranks']} ranks: {result['nodes']} agents x {result['ranks_per_node']} "
+          f"(tp={result['tp']} pp={result['pp']}), culprit rank {result['culprit']} "
+          f"({result['kind']}); {result['machine']}; load average "
+          f"{result['load_before'][0]:.1f} before, {result['load_during'][0]:.1f} during")
+    print(table(result))
+    print(f"head's verdict: {result['verdict'] or 'none'}")
+    write(result, args.json or "benchmarks/results/live_scale.json")
+
+
+def write(result: dict, path: str) -> None:
+    with open(path, "w") as out:
+        json.dump(result, out, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
