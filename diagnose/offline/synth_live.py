@@ -1,6 +1,6 @@
 """A live synthetic multi-node job: real `diag` agents and head, synthetic ranks.
 
-    python -m diagnose.offline.synth_live node --head HOST:PORT --node-rank R --plan PLAN.json
+    python -m diagnose.offline.synth_live node --head HOST:PORT --node-rank R --plan PLAN.json --run-dir DIR
     python -m diagnose.offline.synth_live driver --plan PLAN.json    (under diag launch)
 
 The head is a real `diag launch --nnodes N --listen ...`; its command is
@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -160,8 +159,8 @@ class LiveJob:
 
 def launch(plan: Plan, work: str, port: int, head_flags: tuple[str, ...] = ()) -> LiveJob:
     """The head (`diag launch` of the driver, run dir WORK/head) and plan.nodes agents
-    on 127.0.0.1:port, their outputs in WORK/head.out and WORK/node-R.out. The
-    environment must hold DIAG_NODE_TOKEN."""
+    on 127.0.0.1:port (run dirs WORK/node-R), their outputs in WORK/head.out and
+    WORK/node-R.out. The environment must hold DIAG_NODE_TOKEN."""
     plan_path = os.path.join(work, "plan.json")
     plan.save(plan_path)
     head_dir, address = os.path.join(work, "head"), f"127.0.0.1:{port}"
@@ -169,8 +168,9 @@ def launch(plan: Plan, work: str, port: int, head_flags: tuple[str, ...] = ()) -
     head = _spawn([sys.executable, "-m", "diagnose.cli", "launch", "--nnodes", str(plan.nodes + 1),
                    "--node-rank", "0", "--listen", address, "--run-dir", head_dir, *head_flags,
                    "--", *me, "driver", "--plan", plan_path], work, "head")
-    agents = [_spawn([*me, "node", "--head", address, "--node-rank", str(node),
-                      "--plan", plan_path], work, f"node-{node}")
+    agents = [_spawn([*me, "node", "--head", address, "--node-rank", str(node), "--plan",
+                      plan_path, "--run-dir", os.path.join(work, f"node-{node}")],
+                     work, f"node-{node}")
               for node in range(1, plan.nodes + 1)]
     return LiveJob(head, agents, head_dir)
 
@@ -181,23 +181,24 @@ def _spawn(command: list[str], work: str, name: str) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL)
 
 
-def run_node(plan: Plan, head: str, node_rank: int) -> int:
-    """A real agent reporting NodeRanks every launcher poll until the head stops it."""
+def run_node(plan: Plan, head: str, node_rank: int, run_dir: str) -> int:
+    """A real agent reporting NodeRanks every launcher poll until the head stops it;
+    run_dir is where it carries out the head's dump requests (no rank writes there)."""
     from diagnose.launch.roles import Agent
     ranks = NodeRanks(plan, node_rank)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with tempfile.TemporaryDirectory(prefix=f"synth-node-{node_rank}-") as run_dir:
-        agent = Agent(head, node_rank, run_dir)
-        snapshot = None
-        try:
-            while True:
-                snapshot = ranks.snapshot(time.time())
-                found = agent.judge(snapshot)
-                if found.stop is not None:
-                    return found.stop
-                time.sleep(POLL_S)
-        finally:
-            agent.leave(snapshot, 0.0, 0)
+    os.makedirs(run_dir, exist_ok=True)
+    agent = Agent(head, node_rank, run_dir)
+    snapshot = None
+    try:
+        while True:
+            snapshot = ranks.snapshot(time.time())
+            found = agent.judge(snapshot)
+            if found.stop is not None:
+                return found.stop
+            time.sleep(POLL_S)
+    finally:
+        agent.leave(snapshot, 0.0, 0)
 
 
 def run_driver(plan: Plan) -> None:
@@ -230,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="the Plan's JSON, the same for every process")
     parser.add_argument("--head", help="node: the head's --listen address")
     parser.add_argument("--node-rank", type=int, help="node: 1 to the plan's nodes")
+    parser.add_argument("--run-dir", help="node: where it carries out the head's dump requests")
     args = parser.parse_args(argv)
     plan = Plan.load(args.plan)
     if args.role == "driver":
         run_driver(plan)
         return 0
-    return run_node(plan, args.head, args.node_rank)
+    return run_node(plan, args.head, args.node_rank, args.run_dir)
 
 
 if __name__ == "__main__":
