@@ -44,6 +44,7 @@ from diagnose.probe.vllm_hooks import WORKER_CLASS, Hook, apply
 DRIVER_PHASES = {"execute_model": Phase.EXECUTE_MODEL, "sample_tokens": Phase.SAMPLE}
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
+ENGINE_CORE = "vllm.v1.engine.core"
 
 EXIT_CODE_WAIT_S = 1.0   # a dying process's sentinel fires a moment before its exit code is readable
 
@@ -214,6 +215,20 @@ def _blocking_wait(collective_rpc, owner):
     return phased_rpc
 
 
+def _shutdown_requested(handle_shutdown, owner):
+    """The engine core's loop handles a shutdown request (a signal from the API
+    server) before it stops the executor, and the API server may kill it right
+    after (0.26, timeout 0): the request is where the driver's shutdown begins."""
+    @functools.wraps(handle_shutdown)
+    def phased(engine_core, *args, **kwargs):
+        state = getattr(engine_core, "shutdown_state", None)
+        if getattr(state, "name", "RUNNING") == "RUNNING":
+            return handle_shutdown(engine_core, *args, **kwargs)
+        with probe.phase(Phase.SHUTDOWN):
+            return handle_shutdown(engine_core, *args, **kwargs)
+    return phased
+
+
 def _as_shutdown(shutdown, owner):
     """vLLM's own shutdown is the driver's shutdown phase: the workers (and the
     engine core itself, killed by the API server) that end after it began
@@ -310,6 +325,9 @@ HOOKS: list[Hook] = [
          "a worker's wait on the broadcast queue (dequeue phase)", "0.10-0.32",
          Role.WORKER, _with_dequeue_phase),
     *vllm_collectives.HOOKS,
+    Hook(EXECUTOR, "FutureWrapper.wait_for_response", WAIT + " (non-blocking calls)",
+         "0.14-0.19", Role.DRIVER, _future_wait,
+         optional="a release without it either blocks in every call or has the next row"),
     Hook(EXECUTOR, "FutureWrapper._wait_for_response", WAIT, "0.20-0.32",
          Role.DRIVER, _future_wait, group="reply"),
     Hook(EXECUTOR, "MultiprocExecutor.collective_rpc", WAIT + " (blocking calls)", "0.10-0.19",
@@ -319,6 +337,9 @@ HOOKS: list[Hook] = [
          Role.DRIVER, _counted_rpc),
     Hook(EXECUTOR, "MultiprocExecutor.shutdown", "the engine core's shutdown phase", "0.10-0.32",
          Role.DRIVER, _as_shutdown),
+    Hook(ENGINE_CORE, "EngineCoreProc._handle_shutdown",
+         "the engine core's shutdown phase, from the request", "0.26-0.32", Role.DRIVER,
+         _shutdown_requested, optional="before it the shutdown begins in the executor's"),
     Hook(EXECUTOR, "MultiprocExecutor.start_worker_monitor", "the exit codes of dead workers",
          "0.10-0.32", Role.DRIVER, _watching_workers),
 ]
