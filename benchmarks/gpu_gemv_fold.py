@@ -26,7 +26,7 @@ import math
 import statistics
 
 import torch
-from gpu_bench import copy_bandwidth_gb_s, decode_weight_bytes, gpu_ms, versions
+from gpu_bench import copy_bandwidth_gb_s, decode_weight_bytes, versions
 from gpu_decode import (
     ASYNC_AB_KV_BYTES,
     INPUT_LEN,
@@ -38,6 +38,7 @@ from gpu_decode import (
     budget_options,
     engine_config,
     graph_ms,
+    graph_of,
     greedy_tokens,
     kernel_flag,
     parity_prompts,
@@ -94,21 +95,12 @@ def products_alone(model: str, bandwidth_gb_s: float) -> dict:
         row = {"floor_us": weights[0].numel() * 2 / (bandwidth_gb_s * 1e3)}
         for arm, fn in paths.items():
             difference = ((fn(weights[0]).float() - reference).abs().max() / reference.abs().max()).item()
-            row[arm] = {"us_per_layer": graph_us_per_layer(fn, weights), "max_rel_difference": difference}
+            row[arm] = {"us_per_layer": graph_of(fn, weights) * 1e3 / len(weights), "max_rel_difference": difference}
         report[name] = row
         print(f"  {model} {name} ({rows}, {h}): {row}", flush=True)
         del weights
     return report
 
-
-def graph_us_per_layer(fn, weights) -> float:
-    for w in weights[:2]:
-        fn(w)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            fn(w)
-    return gpu_ms(graph.replay, repeats=30) * 1e3 / len(weights)
 
 
 # -- (c) the decode graphs, (e) the probe ---------------------------------------------------
