@@ -63,7 +63,7 @@ from diagnose.analysis.starved import with_host
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
 from diagnose.analysis.timeline import at_stop, recent, rewind
-from diagnose.analysis.view import Node, View, shutdown_starts
+from diagnose.analysis.view import Node, View, driver_left, shutdown_starts
 from diagnose.core.snapshot import Snapshot, Verdict
 
 
@@ -87,10 +87,12 @@ def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
         graph = wait_for_graph(view)
         return (dead_verdicts(view, graph)
                 + compile_limit_verdicts(view, graph, compiling, thresholds.compile_s))
-    ends = [death.at for death in view.deaths.values()] + shutdown_starts(snapshot)
+    left = driver_left(view)
+    ends = [death.at for death in view.deaths.values()] + shutdown_starts(snapshot) + left
     if ends:
-        # A job that hung and was then stopped: the hang, seen as it stood just
-        # before the first death or the shutdown, is the cause; what ended came after.
+        # A job that hung and was then stopped: the hang, seen as it stood just before
+        # the first death, the shutdown or the driver's end, is the cause; what ended
+        # came after.
         first_death = min(ends)
         before = rewind(snapshot, first_death)
         hangs = hang_verdicts(View(before), StallLimits(before, thresholds))
@@ -103,7 +105,7 @@ def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     raised = raised_verdicts(view, graph, limits)
     # the job's first exception came before every other death: those are what it set off
     deaths = [] if raised else dead_verdicts(view, graph)
-    verdicts = raised + deaths + hang_verdicts(view, limits, raised)
+    verdicts = raised + deaths + ([] if left else hang_verdicts(view, limits, raised))
     return verdicts + straggler_verdicts(view, thresholds)
 
 

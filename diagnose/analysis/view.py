@@ -213,6 +213,17 @@ def shutdown_starts(snapshot: Snapshot) -> list[float]:
             if event.name == Phase.SHUTDOWN][:1]
 
 
+def driver_left(view: View) -> list[float]:
+    """When the driver's process ended, where that is no death (yet): the job is
+    ending, and a rank left inside its step after that waits on the end, not on
+    a peer; the command's exit code says later whether the driver died (a list:
+    empty, or one time)."""
+    driver = view.driver
+    if driver is None or driver.alive or DRIVER in view.deaths:
+        return []
+    return [driver.last_sign_of_life]
+
+
 def driver_shutting_down(snapshot: Snapshot) -> bool:
     """The driver has begun to stop its workers: a worker that is gone now went
     because it was told to, unless the driver recorded its exit as a failure."""
