@@ -80,7 +80,11 @@ def test_tp2_rank0_asleep_inside_its_5th_step_is_the_one_culprit_and_rank1_waits
     assert verdict["victim_ranks"] == [1]
     assert verdict["detected_after_s"] < detect_bound(verdict)
     assert rank_row(report, 1)["state"] == "victim"
-    assert (seen_doing(run.run_dir, 0), seen_doing(run.run_dir, 1)) == ("sleeping", "collective")
+    # rank 0 at its own work: "sleeping" from a native stack; "running" where py-spy's
+    # native dump failed (in at least 1 of 6 runs on 0.11) and the Python stack cannot
+    # tell a sleep in C from computing
+    assert seen_doing(run.run_dir, 0) in ("sleeping", "running")
+    assert seen_doing(run.run_dir, 1) == "collective"
     assert code == EXIT_VERDICTS, run.server.tail()
 
 
