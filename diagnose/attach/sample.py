@@ -68,19 +68,28 @@ class Samples:
 
     def moved_at(self) -> float | None:
         """When the main thread's Python frames were last seen to change (the last
-        dump's time if it was busy); the first dump's time where they never did;
-        None without two dumps to compare. Only Python-only dumps are compared: a
-        native one may name Python frames otherwise."""
+        dump's time if it was busy, other than spinning in a collective's wait);
+        the first dump's time where they never did; None without two dumps to
+        compare. Only Python-only dumps are compared: a native one may name Python
+        frames otherwise."""
         seen = self._python_dumps()
         if len(seen) < 2:
             return None
-        if self.busy:
+        if self.busy and not self._spins_in_a_collective(seen):
             return seen[-1].at
         moved = seen[0].at
         for before, after in zip(seen, seen[1:]):
             if after.main_frames != before.main_frames:
                 moved = after.at
         return moved
+
+    def _spins_in_a_collective(self, seen: list[Sample]) -> bool:
+        """The same Python frames throughout, and in a collective by its last dump:
+        the CPU it used went to polling the wait (vLLM's shared-memory all-reduce
+        spins), not to progress."""
+        last = self.last_sample
+        return (all(s.main_frames == seen[0].main_frames for s in seen)
+                and classify(last.main_frames).activity == Activity.COLLECTIVE)
 
     def _python_dumps(self) -> list[Sample]:
         return [s for s in self.taken if s.threads is not None and not s.native]
