@@ -487,10 +487,12 @@ def summary(report: dict, plan: Plan) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict], report: dict) -> None:
-    def num(value, fmt):
-        return "-" if value is None else format(value, fmt)
+def num(value, fmt: str) -> str:
+    """A table cell: the value formatted, or '-' where it was not measured."""
+    return "-" if value is None else format(value, fmt)
 
+
+def print_table(rows: list[dict], report: dict) -> None:
     print(f"copy bandwidth: {num(report.get('copy_bandwidth_gb_s'), '.0f')} GB/s", flush=True)
     print(f"{'model':<14}{'batch':>6}{'floor ms':>10}{'ITL p50':>10}{'x floor':>9}{'aim':>6}{'met':>6}{'tok/s':>9}")
     for r in rows:

@@ -41,6 +41,7 @@ from gpu_decode import (
     graph_of,
     greedy_tokens,
     kernel_flag,
+    num,
     parity_prompts,
     probe_ab,
 )
@@ -190,9 +191,6 @@ def summary(report: dict) -> list[dict]:
 
 
 def print_summary(report: dict) -> None:
-    def num(value, fmt):
-        return "-" if value is None else format(value, fmt)
-
     print(f"copy bandwidth: {num(report.get('copy_bandwidth_gb_s'), '.0f')} GB/s")
     print(f"{'model':<14}{'batch':>6}{'floor':>8}{'before':>9}{'x':>6}{'after':>9}{'x':>6}{'aim':>6}")
     for r in report["summary"]:
