@@ -110,9 +110,14 @@ ENGINE = [sys.executable, "-m", "engine", "generate", "--model", "tiny-llama", "
 PROMPTS = ["--prompt", "Where does the pipeline stop?", "--prompt", "Which rank is late?"]
 
 
+# The Python (and so the torch release) of the torchrun jobs: another venv's, to run
+# the torchrun tests on another torch (README, "Tests"); diag itself runs from this one.
+TORCH_PYTHON = os.environ.get("HANGSCOPE_TORCH_PYTHON") or sys.executable
+
+
 def torchrun(program: str, nproc: int, *args: str) -> list[str]:
     """torchrun of tests/programs/PROGRAM on NPROC local ranks, on a free port."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+    return [TORCH_PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--monitor-interval", "0.5", "--master-port", str(free_port()),
             os.path.join(PROGRAMS, program), *args]
 
