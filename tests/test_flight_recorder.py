@@ -11,6 +11,7 @@ import pytest
 from diagnose.analysis import analyze
 from diagnose.offline.flight_recorder import FlightRecorderError, load_dump, looks_like_fr_dir, read_fr_dir
 from diagnose.analysis.thresholds import Thresholds
+from diagnose.core.snapshot import CollectiveRecord
 from diagnose.launch.flight import BUFFER_ENTRIES, fr_env
 from helpers.fr_dumps import nccl_dump, nccl_entry
 
@@ -134,6 +135,24 @@ def test_nccl_send_recv_are_matched_per_peer_in_global_ranks(tmp_path):
     assert (recv.op, recv.peer, recv.seq, recv.state) == ("recv", 2, 1, "enqueued")
     [verdict] = analyze(run.snapshot, POST_MORTEM)
     assert verdict.culprit_ranks == [2] and verdict.victim_ranks == [3]
+
+
+def test_each_field_of_an_entry_lands_in_its_field_of_the_record(tmp_path):
+    """A worker's row is a record's fields in order, the group still the pg name
+    and the peer group-local until the groups are known."""
+    groups = {"0": ("default_pg", [0, 1, 2, 3]), "5": ("pp", [2, 3])}
+    recv = nccl_entry(0, ("5", "pp"), 0, "nccl:recv 1<-0", "completed", p2p_seq=1)
+    recv.update(input_sizes=[[2, 8]], output_sizes=[[2, 8]], input_dtypes=["Half"],
+                output_dtypes=["Half"], time_discovered_completed_ns=1_700_000_002_500_000_000)
+    reduce = nccl_entry(1, ("0", "default_pg"), 9, "nccl:all_reduce", "scheduled")
+    (tmp_path / "trace_3").write_bytes(pickle.dumps(nccl_dump([recv, reduce], groups)))
+    received, reducing = read_fr_dir(str(tmp_path)).snapshot.ranks[3].collectives
+    assert received == CollectiveRecord(
+        "pp", 0, "recv", 2, [[2, 8]], "Half", 0, "model.py:42 forward", "completed",
+        1_700_000_000.0, 1_700_000_002.5, part=0, out_shapes=[[2, 8]], out_dtype="Half")
+    assert reducing == CollectiveRecord(
+        "world", 9, "all_reduce", None, [[4, 64]], "Float", 0, "model.py:42 forward",
+        "enqueued", 1_700_000_001.0, None, part=0, out_shapes=[[4, 64]], out_dtype="Float")
 
 
 def test_a_dump_with_an_entry_torch_never_writes_is_unreadable_whole(tmp_path):
@@ -286,3 +305,19 @@ def test_worker_processes_read_many_dumps_as_this_process_does(monkeypatch, tmp_
     assert not marker.exists()
     [verdict] = analyze(spread.snapshot, POST_MORTEM)
     assert verdict.culprit_ranks == analyze(alone.snapshot, POST_MORTEM)[0].culprit_ranks
+
+
+def test_a_worker_is_ended_by_the_pools_sigterm_whatever_handler_it_inherits():
+    """The pool closes by sending SIGTERM to workers blocked on its queue's lock;
+    diag's CLI handler, inherited, can miss it, and the close waits forever."""
+    import signal
+
+    from diagnose.offline import flight_recorder
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        with flight_recorder._pool(2) as pool:
+            inherited = pool.apply(signal.getsignal, (signal.SIGTERM,))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert inherited == signal.SIG_DFL

@@ -13,6 +13,7 @@ from diagnose.cli.common import (EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS, JUDG
                                  UsageError, add_command, add_output, emit_json, flag_value,
                                  open_source)
 from diagnose.core import schema
+from diagnose.core.heap import gc_paused
 from diagnose.core.layout import parse_ranks, rank_list
 
 EXAMPLES = ["diag analyze runs/20250101-120000",
@@ -54,9 +55,10 @@ def analyze_command(args) -> int:
     from diagnose.offline.report import render, to_json
     from diagnose.offline.selection import Selection, SelectionError
 
-    source = open_source(args.path, args.prefix)
-    snapshot, notes = source.snapshot(), source.notes
-    verdicts = source.verdicts(snapshot, args.stall_timeout)
+    with gc_paused():
+        source = open_source(args.path, args.prefix)
+        snapshot, notes = source.snapshot(), source.notes
+        verdicts = source.verdicts(snapshot, args.stall_timeout)
     selection = Selection(args.ranks, args.groups)
     try:
         rows = selection.rows(snapshot, verdicts, source.group_names)

@@ -15,7 +15,8 @@ built from dicts, lists, tuples, strings and numbers only, so nothing in it
 can run code. A file's size is checked before it is read, and every field the
 reader takes is checked for its type and range (fr_entries.py). Many dumps are
 read by worker processes, one per core; each sends back only the plain rows it
-made, which this process loads with the same unpickler. The rank is
+made, which this process loads with the same unpickler and makes into records
+while the workers read on. The rank is
 the number that ends the file name; with a prefix (torchfrtrace's -p), only
 files named PREFIX<rank> are dumps, the rank the digits after the prefix. The snapshot is taken at the newest time
 any dump records: ages come from the dumps' own clock, not the files' times.
@@ -32,13 +33,13 @@ damaged probe file is, and never makes its waiters culprits.
 """
 from __future__ import annotations
 
-import gc
 import io
 import multiprocessing
 import os
 import pickle
 import re
 import resource
+import signal
 import stat
 from collections import defaultdict
 from collections.abc import Iterator
@@ -46,10 +47,11 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from diagnose.core import progress
+from diagnose.core.heap import gc_paused
 from diagnose.core.layout import rank_list
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
 from diagnose.core.vocab import Role
-from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, rows_of
+from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, RankEntries, rows_of
 from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
 from diagnose.offline.torch_debug import is_debug_file
 
@@ -166,20 +168,23 @@ def read_fr_dir(path: str, prefix: str | None = None) -> FlightRecorderRun:
     notes: list[str] = []
     dumps: dict[int, _Dump] = {}
     unreadable: dict[int, str] = {}      # rank -> why its dump is skipped
-    with _gc_paused():
+    with gc_paused():
         files = _one_per_rank(_dump_files(path, prefix, notes), notes)
         for (_, rank), read in zip(files, _read_all(path, files)):
             if isinstance(read, str):
                 notes.append(f"{read}, skipped")
                 unreadable[rank] = read
             else:
-                dumps[rank] = _Dump(*read[:-1])
-                notes.extend(read[-1])
+                config, pgs, rows, newest, gloo, read_notes = read
+                dumps[rank] = _Dump(config, pgs, [CollectiveRecord(*row) for row in rows],
+                                    newest, gloo)
+                notes.extend(read_notes)
         if not dumps:
             reason = "; ".join(notes) if notes else "the directory is empty"
             raise FlightRecorderError(f"{path}: no readable Flight Recorder dump ({reason})")
         groups = resolve_groups(dumps, set(unreadable))
-        records = {rank: place(dump.rows, groups[rank]) for rank, dump in sorted(dumps.items())}
+        records = {rank: place(dump.records, groups[rank])
+                   for rank, dump in sorted(dumps.items())}
         members = {group.label: group.members for by_name in groups.values()
                    for group in by_name.values()}
         _settle_gloo_states(records, members, set(unreadable),
@@ -254,8 +259,18 @@ def _pool(workers: int):
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with context.Pool(workers) as pool:
+    with context.Pool(workers, initializer=_ended_by_sigterm) as pool:
         yield pool
+
+
+def _ended_by_sigterm() -> None:
+    """In a worker: SIGTERM and SIGHUP end it as the kernel ends a process. The
+    pool is closed by holding its task queue's lock and sending each worker
+    SIGTERM; the handler a worker inherits from diag's CLI (it raises
+    SystemExit) can miss a signal that comes as the worker blocks on that lock,
+    and the close then waits for it forever (seen: 1 run of 13 at 4,096 dumps)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _read_task(task: tuple[str, list[str]]) -> bytes:
@@ -270,10 +285,10 @@ def _read_one(path: str, name: str) -> tuple | str:
     it cannot be read."""
     notes: list[str] = []
     try:
-        dump = _digest(name, load_dump(os.path.join(path, name)), notes)
+        config, entries = _digest(name, load_dump(os.path.join(path, name)), notes)
     except FlightRecorderError as error:
         return str(error)
-    return dump.config, dump.pgs, dump.rows, dump.newest, dump.gloo, notes
+    return config, entries.pgs, entries.rows, entries.newest, entries.gloo, notes
 
 
 def _dump_files(path: str, prefix: str | None, notes: list[str]) -> list[tuple[str, int]]:
@@ -300,25 +315,6 @@ def _dump_files(path: str, prefix: str | None, notes: list[str]) -> list[tuple[s
     return found
 
 
-@contextmanager
-def _gc_paused():
-    """Dumps are millions of small objects without reference cycles. While they
-    are read, the cyclic GC would only scan the growing heap again and again
-    (two thirds of the time of reading 128 dumps of 2000 entries); once read,
-    it would walk the records three times more as they age through its
-    generations (3.6 s after reading 1024 dumps). So it is paused, and what
-    lives then is frozen out of its reach (gc.freeze: still freed when no
-    longer referenced)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
-
-
 def _files(path: str) -> list[str]:
     try:
         names = sorted(os.listdir(path))
@@ -339,19 +335,21 @@ def _regular(path: str) -> bool:
 @dataclass
 class _Dump:
     """One rank's dump as read_fr_dir keeps it: its groups, and its entries
-    already made rows (the entries' dicts, most of a dump, are dropped).
-    A row's group is its pg name and its peer group-local (place makes records)."""
+    already made records (the entries' dicts, most of a dump, are dropped),
+    each made as its row came in, while the workers read on: a record's group
+    is its pg name and its peer group-local until place settles them."""
     config: dict[str, tuple[str, frozenset[int]]]  # pg name -> (desc, ranks) from pg_config
     pgs: dict[str, str]         # pg name -> desc, from the entries, the first seen
-    rows: list[tuple]           # fr_entries.ROW_FIELDS
+    records: list[CollectiveRecord]
     newest: float | None        # the newest time its entries record
     gloo: bool                  # it has gloo entries, whose states are settled once all are read
 
 
-def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
-    """The dump's groups and rows, or FlightRecorderError for an entry that is
-    not what torch writes. Of a ring longer than any torch keeps, the last
-    MAX_ENTRIES entries."""
+def _digest(name: str, dump: dict, notes: list[str]
+            ) -> tuple[dict[str, tuple[str, frozenset[int]]], RankEntries]:
+    """The dump's groups (config_of) and entries, or FlightRecorderError for an
+    entry that is not what torch writes. Of a ring longer than any torch keeps,
+    the last MAX_ENTRIES entries."""
     count = len(dump["entries"])
     if count > MAX_ENTRIES:
         notes.append(f"{name}: {count} entries, the last {MAX_ENTRIES} read")
@@ -359,8 +357,7 @@ def _digest(name: str, dump: dict, notes: list[str]) -> _Dump:
         entries = rows_of(dump["entries"][-MAX_ENTRIES:])
     except BadEntry as error:
         raise FlightRecorderError(f"{name}: {error}") from None
-    return _Dump(config_of(dump.get("pg_config"), name, notes), entries.pgs, entries.rows,
-                 entries.newest, entries.gloo)
+    return config_of(dump.get("pg_config"), name, notes), entries
 
 
 def _settle_gloo_states(records: dict[int, list[CollectiveRecord]],

@@ -20,8 +20,9 @@ import functools
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from diagnose.core.snapshot import CollectiveRecord
 from diagnose.core.vocab import Op
 
 GLOO_UNKNOWN = "gloo"       # a gloo entry's state until the reader settles it
@@ -49,12 +50,13 @@ class BadEntry(ValueError):
     """An entry without the fields, types or ranges a dump has."""
 
 
-# A record as a row of plain values, in the order the rank made the calls:
-# what a worker process sends back (flight_recorder.py makes the records).
-ROW_FIELDS = ("pg_name", "seq", "op", "peer", "shapes", "dtype", "site", "state", "t_enqueue",
-              "t_complete", "part", "out_shapes", "out_dtype")
-PG_NAME, SEQ, OP, PEER = 0, 1, 2, 3
-PART = ROW_FIELDS.index("part")
+# A record as a row of plain values, in the order the rank made the calls: what
+# a worker process sends back. A row is a CollectiveRecord's fields in their
+# order, so that the main process makes each record in one call as the rows
+# come in; its group is still the pg name and its peer group-local
+# (fr_groups.place settles both once every dump is read).
+ROW_FIELDS = tuple(field.name for field in fields(CollectiveRecord))
+SEQ, PART = ROW_FIELDS.index("seq"), ROW_FIELDS.index("part")
 
 
 @dataclass
@@ -139,9 +141,9 @@ def _row(entry: dict, found: RankEntries, previous: dict[str, tuple],
     if gloo:
         found.gloo = True
     done = state == "completed"
-    row = (name, seq, op, peer, _sizes(get("input_sizes")), _dtypes(get("input_dtypes")),
+    row = (name, seq, op, peer, _sizes(get("input_sizes")), _dtypes(get("input_dtypes")), 0,
            _site(get("frames")), GLOO_UNKNOWN if gloo else "completed" if done else "enqueued",
-           created, (completed or created) if done else None, part,
+           created, (completed or created) if done else None, False, None, None, part,
            _sizes(get("output_sizes")), _dtypes(get("output_dtypes")))
     if peer is None:
         previous[name] = row

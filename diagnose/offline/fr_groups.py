@@ -122,9 +122,11 @@ def _rank_list(ranks) -> list[int]:
     return []
 
 
-def place(rows: list[tuple], groups: dict[str, Group]) -> list[CollectiveRecord]:
-    """The records of a dump's rows (fr_entries.ROW_FIELDS), each in its group's
-    label and with its peer's global rank, send/recv numbered per (group, op, peer).
+def place(records: list[CollectiveRecord], groups: dict[str, Group]) -> list[CollectiveRecord]:
+    """A dump's records, made from its rows (fr_entries.ROW_FIELDS) with the pg
+    name as their group and the peer group-local, put in place: each in its
+    group's label and with its peer's global rank, send/recv numbered per
+    (group, op, peer). Returns the same list.
 
     A ring that wrapped holds a different stretch of each rank's sends and
     recvs, so counting from the ring's start would pair the n-th send of one
@@ -132,20 +134,16 @@ def place(rows: list[tuple], groups: dict[str, Group]) -> list[CollectiveRecord]
     together, so the numbers count from the last completed call of each
     (group, op, peer), which is 0 on both sides; calls after it are 1, 2, ...
     Where no call completed (gloo records no completion), they count from 1."""
-    records = []
     p2p: dict[tuple, list[CollectiveRecord]] = defaultdict(list)
-    for (pg_name, seq, op, peer, shapes, dtype, site, state, t_enqueue, t_complete, part,
-         out_shapes, out_dtype) in rows:
+    for record in records:
+        pg_name = record.group
         group = groups.get(pg_name) or Group(f"pg{pg_name}", [])
+        record.group = group.label
+        peer = record.peer
         if peer is not None:
             members = group.members
-            peer = members[peer] if peer < len(members) else peer
-        record = CollectiveRecord(group.label, seq, op, peer, shapes, dtype, 0, site, state,
-                                  t_enqueue, t_complete, part=part, out_shapes=out_shapes,
-                                  out_dtype=out_dtype)
-        records.append(record)
-        if peer is not None:
-            p2p[(record.group, op, peer)].append(record)
+            record.peer = peer = members[peer] if peer < len(members) else peer
+            p2p[(group.label, record.op, peer)].append(record)
     for calls in p2p.values():
         done = [index for index, record in enumerate(calls) if record.state == "completed"]
         first = -done[-1] if done else 1
