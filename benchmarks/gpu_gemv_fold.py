@@ -106,7 +106,8 @@ def products_alone(model: str, bandwidth_gb_s: float) -> dict:
 
 # -- (c) the decode graphs, (e) the probe ---------------------------------------------------
 
-def runner_graphs(model: str, probe_plan: Plan | None) -> dict:
+def runner_graphs(model: str, switch, probe_plan: Plan | None, batches: list[int] = BATCHES) -> dict:
+    """switch(on): the context in which the "after" arm (on) or the "before" arm runs."""
     steps = 2 * probe_plan.probe_rounds * 2 * probe_plan.steps_per_arm + 8 if probe_plan else 8
     config = EngineConfig(model=model, max_num_seqs=128, max_model_len=INPUT_LEN + steps + 16, seed=0)
     runner = ModelRunner(resolve_model(model, "dummy"), Communicator(Layout(1, 1), 0), torch.bfloat16,
@@ -114,8 +115,8 @@ def runner_graphs(model: str, probe_plan: Plan | None) -> dict:
     runner.init_kv_cache(math.ceil((INPUT_LEN + steps + 1) / config.block_size) + 1)
     report = {}
     for arm, on in ARMS.items():
-        with folded(on):
-            report[f"graph_ms_{arm}"] = graph_ms(runner, BATCHES)
+        with switch(on):
+            report[f"graph_ms_{arm}"] = graph_ms(runner, batches)
     print(f"  {model} decode graph ms: {report}", flush=True)
     if probe_plan:
         report["probe"] = probe_ab(DecodeLoop(runner, 1, steps), probe_plan)
@@ -125,11 +126,12 @@ def runner_graphs(model: str, probe_plan: Plan | None) -> dict:
 
 # -- (d) through the engine -----------------------------------------------------------------
 
-def engine_ab(model: str) -> dict:
+def engine_ab(model: str, switch) -> dict:
+    """switch(on): the context in which the "after" arm's engine (on) or the "before" one starts."""
     engines = {}
     try:
         for arm, on in ARMS.items():
-            with folded(on):
+            with switch(on):
                 engines[arm] = LLMEngine(dataclasses.replace(engine_config(model),
                                                              kv_cache_memory_bytes=ASYNC_AB_KV_BYTES))
         vocab = engines["after"].model_config.vocab_size
@@ -163,10 +165,10 @@ def main() -> None:
     for model in (MODEL_8B, MODEL_1B):
         run.part(f"products/{model}", products_alone, model, bandwidth, needs_s=20)
     for model in (MODEL_8B, MODEL_1B):
-        run.part(f"engine/{model}", engine_ab, model, needs_s=90)
+        run.part(f"engine/{model}", engine_ab, model, folded, needs_s=90)
     probe_plan = dataclasses.replace(Plan.of(False), probe_rounds=30)
-    run.part(f"runner/{MODEL_8B}", runner_graphs, MODEL_8B, probe_plan, needs_s=60)
-    run.part(f"runner/{MODEL_1B}", runner_graphs, MODEL_1B, None, needs_s=30)
+    run.part(f"runner/{MODEL_8B}", runner_graphs, MODEL_8B, folded, probe_plan, needs_s=60)
+    run.part(f"runner/{MODEL_1B}", runner_graphs, MODEL_1B, folded, None, needs_s=30)
     run.report["summary"] = summary(run.report)
     run.write()
     print_summary(run.report)

@@ -161,7 +161,9 @@ def test_model_on_cuda_matches_cpu_reference(dtype, hidden, head_dim):
 @pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
 def test_fused_kernels_give_the_unfused_logits(dtype, hidden, head_dim, monkeypatch):
     """The embedding fused with the first norm and rotary fused with the KV write compute
-    what the unfused kernels compute, bit for bit, in prefill chunks and decodes."""
+    what the unfused kernels compute, bit for bit, in prefill chunks and decodes. (The
+    products stay on cuBLAS in both: small_batch_matmul sums in another order.)"""
+    monkeypatch.setattr(kernel_flags, "SMALL_BATCH", False)
     model = gpu_model(hidden, head_dim, dtype)
     fused = step_logits(model, "cuda", dtype)
     monkeypatch.setattr(kernel_flags, "FUSED_KERNELS", False)
@@ -191,6 +193,27 @@ def test_one_row_products_take_gemv_and_match_cpu_reference(hidden, head_dim, mo
     assert len(products) == 3 * (4 * 2 + 1)
     assert sum(bool(norm) for norm, _ in products) == 3
     assert sum(bool(kw.get("silu_and_mul")) for _, kw in products) == 3 * 2
+
+
+@pytest.mark.parametrize("hidden, head_dim", [(2048, 64), (4096, 128)], ids=["1b-shapes", "8b-shapes"])
+def test_small_batch_products_take_their_kernel_and_match_cpu_reference(hidden, head_dim, monkeypatch):
+    """Products of 2 to 32 rows (an 8-token prefill chunk, decodes of two requests) go to
+    kernels/small_batch.py, SiLU-and-mul folded into the gate/up one."""
+    from kernels import small_batch
+    products = []
+    real = small_batch.small_batch_matmul
+    monkeypatch.setattr(small_batch, "small_batch_matmul",
+                        lambda x, w, *a, **kw: products.append((x.shape[0], a, kw)) or real(x, w, *a, **kw))
+    model = gpu_model(hidden, head_dim, torch.bfloat16)
+    cpu_model = LlamaForCausalLM(model.config, Communicator(Layout(1, 1), 0), torch.float32, "cpu")
+    cpu_model.load_state_dict({name: t.float().cpu() for name, t in model.state_dict().items()})
+    for out, ref in zip(step_logits(model, "cuda", torch.bfloat16), step_logits(cpu_model, "cpu", torch.float32)):
+        assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    # The 8-token chunk and 3 decode steps, each: qkv, o, gate_up and down in both layers,
+    # and the LM head over every row (step_logits's)
+    assert sorted({rows for rows, _, _ in products}) == [2, 8]
+    assert len(products) == 4 * (4 * 2 + 1)
+    assert sum(bool(kw.get("silu_and_mul")) for _, _, kw in products) == 4 * 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

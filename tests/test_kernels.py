@@ -32,6 +32,7 @@ from kernels.attention import paged_attention
 from kernels.gemv import gemv
 from kernels.kv_cache import write_kv
 from kernels.norm import embed, rms_norm
+from kernels.small_batch import NARROW_TILE, WIDE_TILE, small_batch_matmul
 from kernels.rotary import apply_rotary, rotary_write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,9 +124,10 @@ def decode_batch(block_size, gen):
 
 
 def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen,
-                    capacity=None):
+                    capacity=None, launch=None):
     """`capacity`: the max_seq_len the kernel is told, as a decode graph tells it the longest
-    context a block table holds; by default the batch's longest."""
+    context a block table holds; by default the batch's longest. `launch`: the kernel's own
+    choice by default."""
     meta, all_slots, num_blocks = build_metadata(context_lens, query_lens, block_size, gen)
     num_positions = all_slots.shape[0]
     k = randn(num_positions, num_kv_heads, head_dim, dtype=dtype, gen=gen)
@@ -147,7 +149,7 @@ def check_attention(context_lens, query_lens, num_heads, num_kv_heads, head_dim,
         meta, max_seq_len=capacity or meta.max_seq_len, **{f: getattr(meta, f).to(DEVICE) for f in
                                                           ("slot_mapping", "query_start_loc", "seq_lens", "block_tables")})
     scale = head_dim ** -0.5
-    out = paged_attention(q, k_cache, v_cache, device_meta, scale)
+    out = paged_attention(q, k_cache, v_cache, device_meta, scale, launch)
     ref = ref_attention.paged_attention(q.cpu().float(), ref_k_cache, ref_v_cache, meta, scale)
     assert out.dtype == dtype and out.shape == q.shape
     assert_close(out, ref, dtype)
@@ -187,6 +189,15 @@ def test_paged_attention_small_decode_batch_splits_its_contexts(dtype, gqa, gen)
         assert splits >= 4
         check_attention(context_lens, [1] * len(context_lens), SIZES.kv_heads * gqa, SIZES.kv_heads,
                         128, 16, dtype, gen)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("key_tile", [32, 64])
+def test_paged_attention_decodes_at_each_key_tile(dtype, key_tile, gen):
+    """A decode batch that is not split takes WHOLE_CONTEXT_DECODE's tile of 64 keys."""
+    context_lens, query_lens = decode_batch(16, gen)
+    check_attention(context_lens, query_lens, 8, 2, 128, 16, dtype, gen,
+                    launch=attention_kernels.Launch(key_tile=key_tile))
 
 
 def test_paged_attention_split_for_a_graphs_capacity_serves_short_contexts(gen):
@@ -397,6 +408,39 @@ def test_gemv_with_silu_and_mul_folded_in(dtype, shape, gen):
     out = gemv(x, weight, silu_and_mul=True)
     assert out.shape == (1, rows // 2) and out.dtype == dtype
     assert torch.equal(out.cpu(), silu_and_mul(gemv(x, weight)).cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("rows", [2, 5, 17, 32])
+@pytest.mark.parametrize("shape", [(SIZES.hidden + 16, SIZES.hidden), (40, 136), (96, 1000)])
+def test_small_batch_matmul_matches_the_product(dtype, rows, shape, gen):
+    """Batches off the padded batch (5, 17), weight rows off both tiles (40, 4112), K off
+    the column tiles (136, 1000)."""
+    n, k = shape
+    x = randn(rows, k, dtype=dtype, gen=gen)
+    weight = randn(n, k, dtype=dtype, gen=gen) / k ** 0.5
+    for tile in (WIDE_TILE, NARROW_TILE):
+        out = small_batch_matmul(x, weight, tile=tile)
+        assert out.shape == (rows, n) and out.dtype == dtype
+        assert_close(out, x.cpu().float() @ weight.cpu().float().T, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])
+@pytest.mark.parametrize("rows", [3, 32])
+def test_small_batch_matmul_with_silu_and_mul_folded_in(dtype, rows, gen):
+    """silu(gate) * up of the product's two halves, bit for bit as the product then
+    silu_and_mul's kernel compute it, at the same tile."""
+    n, k = (2 * SIZES.hidden, SIZES.hidden) if DEVICE == "cuda" else (80, 136)
+    x = randn(rows, k, dtype=dtype, gen=gen)
+    weight = randn(n, k, dtype=dtype, gen=gen) / k ** 0.5
+    out = small_batch_matmul(x, weight, silu_and_mul=True, tile=NARROW_TILE)
+    assert out.shape == (rows, n // 2) and out.dtype == dtype
+    assert torch.equal(out.cpu(), silu_and_mul(small_batch_matmul(x, weight, tile=NARROW_TILE)).cpu())
+
+
+def test_small_batch_matmul_refuses_a_weight_of_another_width():
+    with pytest.raises(ValueError, match=r"small_batch_matmul needs x \[M, 8\]"):
+        small_batch_matmul(torch.zeros(2, 6, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
 
 
 def test_gemv_refuses_more_than_one_row():

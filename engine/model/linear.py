@@ -1,7 +1,8 @@
 """The projections: column- and row-parallel linears, and the one product they all use.
 
-Products go to cuBLAS (oneDNN on a CPU), but for one row on a GPU: kernels/gemv.py,
-which also folds in the RMSNorm before a product and the SiLU-and-mul after it.
+Products go to cuBLAS (oneDNN on a CPU), but on a GPU: one row to kernels/gemv.py, which
+also folds in the RMSNorm before a product and the SiLU-and-mul after it; 2 to
+SMALL_BATCH_MAX_ROWS rows to kernels/small_batch.py, which folds in the SiLU-and-mul.
 On a CPU a bfloat16 weight may be packed once into oneDNN's blocked layout
 (pack_linears); every projection that `linear` computes declares `packed` for it.
 """
@@ -22,6 +23,10 @@ from engine.model.shard import Shard, param
 # the norm's kernel then gemv) and loses where they are many (its gate/up, 28672 rows:
 # 80.4 against 69.7 us). benchmarks/gpu_gemv_fold.py, part (b).
 NORM_FOLD_MAX_ROWS = 8192
+# Products of 2 to this many rows go to kernels/small_batch.py: on an H200 it beats cuBLAS
+# by up to 5.6 us a layer at 8B batch 32 and loses by 1.4-1.9x at 128 (docs/performance.md,
+# "Small-batch products on the matrix units").
+SMALL_BATCH_MAX_ROWS = 32
 
 
 def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
@@ -31,6 +36,9 @@ def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     if _takes_gemv(x, module):
         from kernels.gemv import gemv
         return gemv(x, module.weight)
+    if _takes_small_batch(x, module):
+        from kernels.small_batch import small_batch_matmul
+        return small_batch_matmul(x, module.weight)
     return F.linear(x, module.weight, module.bias)
 
 
@@ -48,6 +56,9 @@ def normed_linear(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm | None,
     if fold and then_silu_and_mul:
         from kernels.gemv import gemv
         return gemv(x, module.weight, silu_and_mul=True), residual
+    if then_silu_and_mul and _takes_small_batch(x, module):
+        from kernels.small_batch import small_batch_matmul
+        return small_batch_matmul(x, module.weight, silu_and_mul=True), residual
     out = linear(x, module)
     return (silu_and_mul(out) if then_silu_and_mul else out), residual
 
@@ -55,7 +66,16 @@ def normed_linear(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm | None,
 def _takes_gemv(x: torch.Tensor, module: nn.Module) -> bool:
     """One row times a 16-bit weight without a bias: kernels/gemv.py reads such a weight
     faster than cuBLAS (on an H200: docs/performance.md, "Batch-1 products")."""
-    return (kernel_flags.GEMV and x.shape[0] == 1 and kernel_flags.fused(x) and module.bias is None and x.stride(-1) == 1
+    return kernel_flags.GEMV and x.shape[0] == 1 and _takes_triton(x, module)
+
+
+def _takes_small_batch(x: torch.Tensor, module: nn.Module) -> bool:
+    """2 to SMALL_BATCH_MAX_ROWS rows times a 16-bit weight without a bias."""
+    return kernel_flags.SMALL_BATCH and 2 <= x.shape[0] <= SMALL_BATCH_MAX_ROWS and _takes_triton(x, module)
+
+
+def _takes_triton(x: torch.Tensor, module: nn.Module) -> bool:
+    return (kernel_flags.fused(x) and module.bias is None and x.stride(-1) == 1
             and module.weight.element_size() == 2)
 
 
