@@ -19,9 +19,11 @@ work competes with the head's, and the table says the machine and its load.
     PYTHONPATH=. python benchmarks/live_scale.py --passes [--nodes 16] [--ranks-per-node 1024]
 
 --passes: instead, in this process, the CPU time of each pass the live path makes
-on the same ranks, three seconds into the hang: an agent's report (to JSON), the
-head's decoding and saving of one report, and one poll of the head (reading the
-node files, merging them, the analysis). Writes benchmarks/results/live_passes.json.
+on the same ranks: an agent's report (to JSON) and the head's applying it, whole,
+as a healthy step's delta and as a hung node's (three seconds into the hang);
+the head writing every node file, and one poll of the head (merging the nodes it
+holds, the analysis); `diag tui` reading the node files, and again unchanged.
+Writes benchmarks/results/live_passes.json.
 """
 from __future__ import annotations
 
@@ -37,8 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
 
 import psutil
 
@@ -50,6 +51,8 @@ from helpers.terminal import Terminal  # noqa: E402  (a pty read through pyte)
 from diagnose.analysis import analyze  # noqa: E402
 from diagnose.analysis.thresholds import Thresholds  # noqa: E402
 from diagnose.core.groups import GroupReader  # noqa: E402
+from diagnose.launch.launcher import POLL_S  # noqa: E402
+from diagnose.launch.node_delta import Known, ReportWriter  # noqa: E402
 from diagnose.core.snapshot import RankState, Snapshot  # noqa: E402
 from diagnose.launch import nodes  # noqa: E402
 from diagnose.offline.synth import Job  # noqa: E402
@@ -234,46 +237,63 @@ def table(result: dict) -> str:
 
 
 def passes(args) -> dict:
-    """CPU seconds of each pass of the live path, per report and per poll."""
+    """CPU seconds of each pass of the live path: per report of one node (whole,
+    a healthy step's delta, a hung one's), per poll of the head (merging the
+    nodes it holds, the analysis), and per write and read of the node files."""
     world = args.nodes * args.ranks_per_node
     plan = Plan(nodes=args.nodes, ranks_per_node=args.ranks_per_node, tp=args.tp,
                 culprit=world * 3 // 4 + 1, kind=args.kind, t0=1000.0, step_s=args.step_s,
                 hang_step=10, history=args.history)
-    now, cpu = plan.hang_at + 3.0, time.process_time
-    spent = dict.fromkeys(["agent_report_s", "head_decode_s", "head_save_s"], 0.0)
-    size = 0
+    hung, healthy = plan.hang_at + 3.0, plan.sent_at(plan.hang_step - 3)
+    spent: dict[str, float] = {}
+    size: dict[str, int] = {}
+    known: dict[int, Known] = {}
+    groups = GroupReader()
+
+    def report(node: int, writer: ReportWriter, ranks: dict, kind: str) -> None:
+        body = _timed(spent, f"agent_{kind}_s", lambda: nodes.JSON.encode(writer.report(ranks)))
+        size[kind] = size.get(kind, 0) + len(body)
+        known[node] = _timed(spent, f"head_{kind}_s", lambda: Known.read(
+            nodes.JSON.decode(body), known.get(node), groups))
+        writer.applied(known[node].seq)
+
+    for node in range(1, args.nodes + 1):
+        synth, writer = NodeRanks(plan, node), ReportWriter()
+        report(node, writer, synth.snapshot(healthy).ranks, "whole")
+        report(node, writer, synth.snapshot(healthy + plan.step_s).ranks, "healthy_delta")
+        synth.snapshot(hung - POLL_S)
+        report(node, writer, synth.snapshot(hung - POLL_S).ranks, "hung_delta_warmup")
+        report(node, writer, synth.snapshot(hung).ranks, "hung_delta")
     with tempfile.TemporaryDirectory(prefix="live-passes-") as run_dir:
-        hub = SimpleNamespace(run_dir=run_dir)
-        for node in range(1, args.nodes + 1):
-            ranks = NodeRanks(plan, node).snapshot(now).ranks
-            began = cpu()
-            encoded: dict = {}
-            data = nodes.JSON.encode({"ranks": {str(rank): nodes._on_the_wire(state, encoded)
-                                                for rank, state in ranks.items()}})
-            spent["agent_report_s"] += cpu() - began
-            size += len(data)
-            began = cpu()
-            body = nodes.JSON.decode(data)
-            spent["head_decode_s"] += cpu() - began
-            began = cpu()
-            nodes.NodeHub._save(hub, nodes.NodeReport(node, ranks=body["ranks"], received_at=now,
-                                                      connected=True))
-            spent["head_save_s"] += cpu() - began
-        began = cpu()
-        reports, notes = nodes.read_reports(run_dir)
-        read_s = cpu() - began
-        began = cpu()
-        head = Snapshot(taken_at=now, run_dir=run_dir, ranks={}, driver=driver(plan, now))
-        snapshot = nodes.merge(head, reports, notes, GroupReader())
-        merge_s = cpu() - began
-    began = cpu()
-    verdicts = analyze(snapshot)
+        hub = nodes.NodeHub(f"127.0.0.1:{free_port()}", b"passes-key", run_dir, args.nodes + 1)
+        try:
+            for node, state in known.items():
+                hub.reports[node].received_at, hub.reports[node].connected = hung, True
+                hub.known[node] = state
+            _timed(spent, "head_save_all_s", hub.save_all)
+        finally:
+            hub.close()
+        head = Snapshot(taken_at=hung, run_dir=run_dir, ranks={}, driver=driver(plan, hung))
+        snapshot = _timed(spent, "poll_merge_s", lambda: nodes.merge(
+            replace(head, ranks={}), hub.nodes(), []))
+        files = nodes.NodeFiles()
+        _timed(spent, "files_read_s", lambda: files.read(run_dir))
+        _timed(spent, "files_read_again_s", lambda: files.read(run_dir))
+    verdicts = _timed(spent, "poll_analyze_s", lambda: analyze(snapshot))
+    per_node = {name: value / args.nodes for name, value in spent.items()
+                if name.startswith(("agent_", "head_")) and name != "head_save_all_s"}
     return {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": world,
-            "report_mb": size / args.nodes / 1e6,
-            **{name: value / args.nodes for name, value in spent.items()},
-            "poll_read_s": read_s, "poll_merge_s": merge_s, "poll_analyze_s": cpu() - began,
+            "report_kb": {kind: total / args.nodes / 1e3 for kind, total in size.items()},
+            **per_node, **{name: value for name, value in spent.items() if name not in per_node},
             "verdicts": len(verdicts), "verdict": verdicts[0].summary if verdicts else None,
             "machine": machine(), "load": os.getloadavg()}
+
+
+def _timed(spent: dict[str, float], name: str, call):
+    began = time.process_time()
+    result = call()
+    spent[name] = spent.get(name, 0.0) + time.process_time() - began
+    return result
 
 
 def driver(plan: Plan, now: float) -> RankState:

@@ -159,6 +159,8 @@ def test_the_listener_proves_nothing_to_a_peer_with_the_wrong_key():
     (b'{"t": Infinity}', "no finite number"),
     (b'{"t": NaN}', "no finite number"),
     (b'{"t": 1e999}', "no finite number"),
+    (b'[[2.5], {"t": [-1e999]}]', "no finite number"),
+    (b'1e999', "no finite number"),
 ])
 def test_json_messages_are_bounded_in_depth_and_finite(raw, message):
     with pytest.raises(ValueError, match=message):

@@ -6,9 +6,8 @@ import time
 
 import pytest
 
-from diagnose.core.groups import GroupReader
 from diagnose.core.snapshot import Stop
-from diagnose.launch.nodes import NodeAgent, NodeHub, NodeReport, merge
+from diagnose.launch.nodes import NodeAgent, NodeHub, NodeReport, NodeView, merge
 from helpers.synthetic import Job
 from helpers.run import free_port
 
@@ -73,5 +72,24 @@ def test_a_stopped_job_judges_its_nodes_as_of_the_stop(received_before_stop_s, l
     stop_at = 1_000_000.0
     report = NodeReport(1, expected_since=stop_at - 20.0,
                         received_at=stop_at - received_before_stop_s, connected=False)
-    merged = merge(stopped_head(stop_at), [report], [], GroupReader())
+    merged = merge(stopped_head(stop_at), [NodeView(report, {})], [])
+    assert [node.lost for node in merged.nodes] == [lost]
+
+
+@pytest.mark.parametrize("applied_s_ago, waiting, lost", [
+    (5.0, False, True), (5.0, True, False), (30.0, True, False), (65.0, True, True)])
+def test_a_node_whose_report_waits_on_a_busy_head_is_not_lost(applied_s_ago, waiting, lost):
+    """A node last applied seconds ago is lost, unless a report of it waits on the
+    head now (the head fell behind, not the node), and not past the 60 s an agent
+    waits for the head's answer."""
+    now = 1_000_000.0
+    head = Job(tp=2, pp=1)
+    head.everyone_started(start=now - 20.0, seconds=1.0)
+    snapshot = head.snapshot()
+    for state in snapshot.ranks.values():
+        state.heartbeat_at = now
+    snapshot.taken_at = now
+    report = NodeReport(1, expected_since=now - 30.0, received_at=now - applied_s_ago,
+                        connected=True, heard_at=now if waiting else None)
+    merged = merge(snapshot, [NodeView(report, {})], [])
     assert [node.lost for node in merged.nodes] == [lost]

@@ -1,11 +1,13 @@
 """What crosses an agent's link to the head: each rank's groups as ranges, as a
 probe file names them, so that a report grows with the node's ranks alone (as
 lists, a group of the whole world made it grow with their square)."""
+import json
+import time
+
 import pytest
 
-from diagnose.core.groups import GroupReader
 from diagnose.core.snapshot import Snapshot
-from diagnose.launch.nodes import NodeAgent, NodeHub, merge, read_reports
+from diagnose.launch.nodes import NodeAgent, NodeFiles, NodeHub, merge
 from helpers.run import free_port
 from helpers.synthetic import Job
 
@@ -24,10 +26,51 @@ def test_groups_cross_as_ranges_and_the_head_reads_them_back_shared(tmp_path):
     finally:
         agent.close()
         hub.close()
-    reports, notes = read_reports(str(tmp_path))
-    assert reports[0].ranks["5"]["identity"]["groups"] == {"tp2": "4-5", "pp": "0-7"}
-    merged = merge(Snapshot(taken_at=0.0, run_dir=str(tmp_path), ranks={}), reports, notes,
-                   GroupReader())
+    saved = json.loads((tmp_path / "node-1.json").read_text())
+    assert saved["ranks"]["5"]["identity"]["groups"] == {"tp2": "4-5", "pp": "0-7"}
+    nodes, notes, refused = NodeFiles().read(str(tmp_path))
+    assert (notes, refused) == ([], [])
+    merged = merge(Snapshot(taken_at=0.0, run_dir=str(tmp_path), ranks={}), nodes, notes)
     assert {rank: state.identity.groups for rank, state in merged.ranks.items()} == \
         {rank: state.identity.groups for rank, state in job.ranks.items()}
     assert merged.ranks[0].identity.groups["pp"] is merged.ranks[7].identity.groups["pp"]
+
+
+def test_node_files_are_decoded_again_only_once_the_head_wrote_them_again(tmp_path):
+    job = Job(tp=2, pp=4)
+    port = free_port()
+    hub = NodeHub(f"127.0.0.1:{port}", KEY, str(tmp_path), nnodes=2)
+    agent = NodeAgent(f"127.0.0.1:{port}", KEY, 1)
+    files = NodeFiles()
+    try:
+        assert agent.publish(job.ranks, None, 0) is not None
+        [first], _, _ = files.read(str(tmp_path))
+        [again], _, _ = files.read(str(tmp_path))
+        assert again is first and sorted(first.states) == list(range(8))
+        hub.save_all()
+        [written], _, _ = files.read(str(tmp_path))
+        assert written is not first and sorted(written.states) == list(range(8))
+    finally:
+        agent.close()
+        hub.close()
+
+
+def test_a_node_file_judges_its_node_as_of_when_the_head_wrote_it(tmp_path):
+    """Read a minute after the head wrote it, a node that reported then is not lost:
+    the file says nothing of the minute after (a live head writes it again)."""
+    job = Job(tp=2, pp=4)
+    port = free_port()
+    hub = NodeHub(f"127.0.0.1:{port}", KEY, str(tmp_path), nnodes=2)
+    agent = NodeAgent(f"127.0.0.1:{port}", KEY, 1)
+    try:
+        assert agent.publish(job.ranks, None, 0) is not None
+    finally:
+        hub.close()                          # the head ends first: no drop of the node
+        agent.close()
+    nodes, _, _ = NodeFiles().read(str(tmp_path))
+    later = time.time() + 60.0
+    merged = merge(Snapshot(taken_at=later, run_dir=str(tmp_path), ranks={}), nodes, [])
+    assert [node.lost for node in merged.nodes] == [False]
+    nodes[0].report.saved_at = None          # as if it held no time of its writing
+    merged = merge(Snapshot(taken_at=later, run_dir=str(tmp_path), ranks={}), nodes, [])
+    assert [node.lost for node in merged.nodes] == [True]

@@ -86,6 +86,8 @@ class DiagApp(App):
         self.source = source
         self.controller = controller
         self.polling = False
+        self.poll_began = 0.0    # time.monotonic() of the last read's start
+        self.rest_until = 0.0    # the timer's next read waits until then
         self.log_tail: LogTail | None = None
         self.servers: list[str] = []     # the addresses the command's output announced
         self.spy_stacks: dict[int, tuple[str, list[str]]] = {}
@@ -116,16 +118,24 @@ class DiagApp(App):
         self.query_one(RankGrid).no_ranks = no_ranks_text(
             Snapshot(time.time(), self.source.run_dir, {}), self.started_at, self.command)
         self.poll()
-        self.set_interval(POLL_INTERVAL_S, self.poll)
+        self.set_interval(POLL_INTERVAL_S, self.poll_due)
 
     def on_resize(self) -> None:
         self.set_class(self.size.height < SMALL_HEIGHT, "-small")
 
     # -- reading the source, off the UI thread
 
+    def poll_due(self) -> None:
+        """The timer's read: after a slow one the keys get as long as it took before
+        the next (a head's run dir of 16,384 ranks takes a second to judge, and the
+        reading thread holds the interpreter while it does)."""
+        if time.monotonic() >= self.rest_until:
+            self.poll()
+
     def poll(self) -> None:
         if not self.polling:
             self.polling = True
+            self.poll_began = time.monotonic()
             self.read_source(self.selected_rank)
 
     @work(thread=True, group="poll", exit_on_error=False)
@@ -141,6 +151,7 @@ class DiagApp(App):
         worker = event.worker
         if worker.group == "poll" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
             self.polling = False
+            self.rest_until = 2 * time.monotonic() - self.poll_began
             self.read_error = f"{worker.error}" if event.state == WorkerState.ERROR else ""
         elif event.state == WorkerState.ERROR:
             self.notify(f"{worker.group}: {worker.error}", severity="error")

@@ -27,10 +27,19 @@ def checked(cls: type, data: object):
 
 
 @lru_cache(maxsize=None)
+def field_checks(cls: type) -> dict[str, Check]:
+    """The check of each field of the dataclass cls, by name: one field's new
+    value checked alone, as `checked` checks it within the whole."""
+    return {name: _check_for(hint) for name, hint in typing.get_type_hints(cls).items()}
+
+
+@lru_cache(maxsize=None)
 def _check_for(hint) -> Check:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        return _one_of(hint, [_check_for(option) for option in typing.get_args(hint)])
+        options = typing.get_args(hint)
+        return _one_of(hint, [_check_for(option) for option in options if option is not type(None)],
+                       type(None) in options)
     if origin is list:
         return _list_of(_check_for(typing.get_args(hint)[0]))
     if origin is dict:
@@ -45,11 +54,13 @@ def _check_for(hint) -> Check:
 
 def _dataclass(cls: type) -> Check:
     checks: dict[str, Check] = {}      # filled on first use: a field may name its own class
+    taken: dict[str, frozenset] = {}   # the types each field takes as they are
 
     def check(data):
         if not checks:
-            checks.update({name: _check_for(hint)
-                           for name, hint in typing.get_type_hints(cls).items()})
+            checks.update(field_checks(cls))
+            taken.update({name: _taken_as_is(hint)
+                          for name, hint in typing.get_type_hints(cls).items()})
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: not an object")
         unknown = data.keys() - checks.keys()
@@ -57,6 +68,9 @@ def _dataclass(cls: type) -> Check:
             raise ValueError(f"{cls.__name__}: unknown field {sorted(map(str, unknown))[0]!r}")
         values = {}
         for name, value in data.items():
+            if type(value) in taken[name] and (type(value) is not float or math.isfinite(value)):
+                values[name] = value
+                continue
             try:
                 values[name] = checks[name](value)
             except ValueError as error:
@@ -68,8 +82,20 @@ def _dataclass(cls: type) -> Check:
     return check
 
 
-def _one_of(hint, options: list[Check]) -> Check:
+def _taken_as_is(hint) -> frozenset:
+    """The exact types whose values a field of this hint holds unchanged (its
+    check would return them as they are): the plain ones, and None where allowed."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return frozenset().union(*map(_taken_as_is, typing.get_args(hint)))
+    return frozenset([hint]) if hint in (type(None), float, int, str, bool) else frozenset()
+
+
+def _one_of(hint, options: list[Check], nullable: bool) -> Check:
+    """The first option that takes the value; None at once where the hint allows
+    it (most optional fields are null: no option's error is made for nothing)."""
     def check(value):
+        if value is None and nullable:
+            return None
         for option in options:
             try:
                 return option(value)

@@ -9,8 +9,15 @@ from diagnose.core.layout import MAX_PARSED_RANKS, parse_ranks, rank_ranges
 MAX_KEPT = 1 << 22      # members a reader keeps, over all the distinct groups it has read
 
 
-def encode(groups: dict[str, list[int]]) -> dict[str, str]:
-    return {name: rank_ranges(members) for name, members in groups.items()}
+def encode(groups: dict[str, list[int]], memo: dict[int, str] | None = None) -> dict[str, str]:
+    """`memo`: each members list's text by the list's id, for a writer of many
+    identities that share their lists (a node's ranks)."""
+    if memo is None:
+        return {name: rank_ranges(members) for name, members in groups.items()}
+    for members in groups.values():
+        if id(members) not in memo:
+            memo[id(members)] = rank_ranges(members)
+    return {name: memo[id(members)] for name, members in groups.items()}
 
 
 class GroupReader:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import struct
@@ -235,31 +236,32 @@ def json_codec(default=None) -> Codec:
 
 def _decode_json(data: bytes) -> Any:
     try:
-        body = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+        body = json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("a message nested too deep") from None
-    _check_depth(body)
+    _check_tree(body)
     return body
 
 
-def _check_depth(body: Any) -> None:
-    """ValueError if `body` nests deeper than MAX_DEPTH (walked without recursion)."""
+def _check_tree(body: Any) -> None:
+    """ValueError if `body` nests deeper than MAX_DEPTH or holds a number that is
+    not finite (1e999 parses as infinity), walked without recursion: one pass
+    after the parse, where a parse_float call per number cost more than the parse."""
+    if type(body) is float and not math.isfinite(body):
+        raise ValueError(f"a message with {body}, which is no finite number")
     stack = [(body, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ValueError(f"a message nested over {MAX_DEPTH} deep")
-        items = value.values() if isinstance(value, dict) else value \
-            if isinstance(value, list) else ()
-        stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
+        for item in value.values() if isinstance(value, dict) else \
+                value if isinstance(value, list) else ():
+            if type(item) is float:
+                if not math.isfinite(item):
+                    raise ValueError(f"a message with {item}, which is no finite number")
+            elif isinstance(item, (dict, list)):
+                stack.append((item, depth + 1))
 
 
 def _no_constant(name: str):
     raise ValueError(f"a message with {name}, which is no finite number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"a message with {text[:20]}, which is no finite number")
-    return value

@@ -45,9 +45,14 @@ RANK_FILE = re.compile(r"rank-(\d+)\.probe")
 
 
 class Collector:
-    def __init__(self, run_dir: str, history: int = HISTORY):
+    """`hub`, on a multi-node head: the other nodes' ranks, which it holds; without
+    it they are read from the run dir's node files."""
+
+    def __init__(self, run_dir: str, history: int = HISTORY, hub: nodes.NodeHub | None = None):
         self.run_dir = run_dir
         self.history = history
+        self.hub = hub
+        self._node_files = nodes.NodeFiles()
         self.notes: list[str] = []       # the job's notes, and files the last snapshot skipped
         self.refused: list[str] = []     # those of them the run cannot be judged without
         self.unreadable: list[str] = []  # the probe files among them
@@ -100,10 +105,13 @@ class Collector:
                             ranks=dict(sorted(ranks.items())), driver=driver,
                             command_exit=command_exit, stop=stop, unreadable=unreadable,
                             host=None if command_exit is not None else self._host_meter.read())
-        reports, notes = nodes.read_reports(self.run_dir)  # a multi-node head's run dir
-        self.notes += notes
-        self.refused += notes
-        return nodes.merge(snapshot, reports, self.notes, self._groups) if reports else snapshot
+        if self.hub is not None:
+            known = self.hub.nodes()
+        else:                                             # a multi-node head's run dir
+            known, notes, refused = self._node_files.read(self.run_dir)
+            self.notes += notes + refused
+            self.refused += refused
+        return nodes.merge(snapshot, known, self.notes) if known else snapshot
 
     def _read_job_notes(self) -> list[str]:
         """The job's notes; read again only when the file changed."""

@@ -82,7 +82,7 @@ class Launcher:
         self.lock_fd = claim.claim(opts.run_dir)
         self.role = role_of(opts.thresholds, opts.listen, opts.head, opts.run_dir, opts.nnodes,
                             opts.node_rank)
-        self.collector = Collector(opts.run_dir)
+        self.collector = Collector(opts.run_dir, hub=self.role.hub)
         self.states = StateSampler(opts.run_dir)   # what still ranks are doing (py-spy)
         self.output = CommandOutput(opts.run_dir, to_stderr if opts.echo_output else None)
         self.proc: subprocess.Popen | None = None
@@ -210,7 +210,7 @@ class Launcher:
                 time.sleep(POLL_S)
             # Judged with the exit code known, and by a fresh collector: the last
             # one takes a heartbeat that moved since its last look for a live process.
-            self.collector = Collector(self.opts.run_dir)
+            self.collector = Collector(self.opts.run_dir, hub=self.role.hub)
             self.poll()
             self.crash = crash_of(self.snapshot)
             self.failure = self._first_failure()
@@ -341,7 +341,7 @@ class Launcher:
         self._restart.clear()
         self.stop()
         claim.clear_run_files(self.opts.run_dir)
-        self.collector = Collector(self.opts.run_dir)
+        self.collector = Collector(self.opts.run_dir, hub=self.role.hub)
         self.reported.clear()
         self.said.clear()
         self.start()

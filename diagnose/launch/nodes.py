@@ -4,14 +4,22 @@ The head (`--listen HOST:PORT`) listens on that address only. Every other
 node's launcher is an agent (`--head HOST:PORT --node-rank N`): it connects,
 it and the head prove to each other that they know the shared token
 (DIAG_NODE_TOKEN; the token never crosses the wire), and after each poll it
-sends the ranks its own run dir shows. The head keeps each node's last report
-in its run dir (node-N.json), so its collector merges every node's ranks, live
-and post mortem alike. The head answers each report with its verdicts and, when
-it wants them, a stacks dump or a stop.
+sends the ranks its own run dir shows: whole on a new link, else what changed
+since the report the head last applied (diagnose/launch/node_delta.py). The head
+keeps each node's ranks decoded and checked in memory, applies the changes, and
+hands its collector the merged ranks; it writes them to its run dir
+(node-N.json) when a node comes or goes, at a node's first report after its
+verdicts changed, and every SAVE_S, for `diag analyze` and `diag tui` on the
+run dir. The head answers each
+report with its verdicts, whether it applied it (or wants a whole one) and,
+when it wants them, a stacks dump or a stop.
 
 A node whose agent dropped the connection without saying goodbye, or went
 silent, is lost: the analysis names the node (`node_lost`) instead of judging
-its ranks by a state that is no longer news.
+its ranks by a state that is no longer news. A head that falls behind its
+reports is not silence: an agent waits up to REPLY_S for the answer to one (a
+new link would cost a whole report, and more behind), and a node whose report
+waits on the head is heard.
 
 Messages are JSON over diagnose/core/link.py's authenticated link. The head
 listens through diagnose/core/listener.py, as the engine's head does: at most
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -35,9 +44,9 @@ from diagnose.core.listener import Listener
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.groups import GroupReader
-from diagnose.core.layout import rank_ranges
 from diagnose.core.schema import Document, read_version, stamped
-from diagnose.core.snapshot import NodeState, RankState, Snapshot, ranks_from_dicts
+from diagnose.core.snapshot import NodeState, RankState, Snapshot
+from diagnose.launch.node_delta import Known, ReportWriter
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
 LOST_AFTER_S = 3.0          # an agent silent this long is lost
@@ -45,7 +54,10 @@ JOIN_GRACE_S = 30.0         # an expected node that never reported is lost after
 HANDSHAKE_S = 5.0
 MESSAGE_S = 10.0            # an agent reports every poll: silent this long, it is dropped
 MAX_PENDING = 64            # connections in their handshake at once, from every host
+SAVE_S = 10.0               # a node's file is written at least this often while it reports
+REPLY_S = 60.0              # an agent waits this long for the head's answer to a report
 LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=MESSAGE_S, max_bytes=256 << 20)
+AGENT_LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=REPLY_S, max_bytes=LIMITS.max_bytes)
 
 
 class NodeError(Exception):
@@ -99,24 +111,39 @@ class NodeReport:
     command_exit: int | None = None
     dump_done: int = 0
     ranks: dict = field(default_factory=dict)  # rank -> RankState as asdict, groups as ranges
+    saved_at: float | None = None  # when the head wrote the file: what it knew then
+    heard_at: float | None = None  # a report of it was waiting on the head then
+
+
+@dataclass
+class NodeView:
+    """A node as its head knows it, for the merge: the report's news, and its
+    ranks decoded (what a snapshot holds of them; nobody modifies them)."""
+    report: NodeReport
+    states: dict[int, RankState]
 
 
 class NodeHub:
-    """The head's listener: one thread per connection, each report kept in the run dir."""
+    """The head's listener: one thread per connection, each node's ranks kept in
+    memory (`nodes`), and in the run dir now and then."""
 
     def __init__(self, listen: str, key: bytes, run_dir: str, nnodes: int):
         self.address = parse_address(listen, "--listen")
         self.key, self.run_dir = key, run_dir
         self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
+        self.known: dict[int, Known] = {}   # node rank -> the report it last applied
+        self.taking: set[int] = set()       # nodes whose report the head reads or applies now
+        self.saved: dict[int, float] = dict.fromkeys(self.reports, 0.0)   # monotonic
+        self.groups = GroupReader()
         self.links: dict[int, Link] = {}  # node rank -> its agent's authenticated link
         self.verdicts: list[dict] = []   # the head's latest, sent back to every agent
         self.dump_wanted = 0
         self.stop_code: int | None = None  # agents end their commands with this code
         self.closing = False             # the head ends the links itself: not a node's drop
         self.lock = threading.Lock()
+        self.save_lock = threading.Lock()
         server = _listen(self.address)
-        for report in self.reports.values():
-            self._save(report)
+        self.save_all()
         self.listener = Listener(server, key, JSON, LIMITS, self._welcome,
                                  "diag: the head refused a node link", TOKEN_VAR,
                                  serve=self._serve, total=MAX_PENDING)
@@ -151,21 +178,35 @@ class NodeHub:
         report = self.reports[node_rank]
         self._update(report, host=str(hello.get("host", "")), connected=True, dropped=False,
                      finished=False)
+        self.saved[node_rank] = 0.0      # its first report is written at once
         return report
 
     def _take(self, link: Link, report: NodeReport) -> bool:
         """One report and the head's answer; False once the agent said goodbye."""
-        body = link.recv()
-        ranks = body.get("ranks")
-        if not isinstance(ranks, dict):
-            raise ValueError("report without ranks")
-        self._update(report, ranks=ranks, received_at=time.time(),
-                     command_exit=body.get("command_exit"), dump_done=int(body.get("dump_done", 0)),
-                     finished=bool(body.get("finished")))
+        data = link.recv_bytes(LIMITS.max_bytes)
+        node = report.node_rank
         with self.lock:
-            answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code}
+            self.taking.add(node)
+        try:
+            body = JSON.decode(data)
+            news = _news(body)
+            known = Known.read(body, self.known.get(node), self.groups)
+        except ValueError:             # garbage, or a delta on what the head lacks
+            known = None
+        with self.lock:
+            self.taking.discard(node)
+            applied = known is not None and self.links.get(node) is link
+            if applied:
+                self.known[node] = known
+                for name, value in news.items():
+                    setattr(report, name, value)
+                report.received_at = time.time()
+            answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code,
+                      "applied": known.seq if applied else None}
+        if applied and (report.finished or time.monotonic() - self.saved[node] >= SAVE_S):
+            self._save(report)
         link.send(answer)
-        return not report.finished
+        return not (applied and report.finished)
 
     def _left(self, report: NodeReport, link: Link) -> None:
         """The link ended; the node is gone unless a newer link of it took over."""
@@ -180,20 +221,48 @@ class NodeHub:
         with self.lock:
             for name, value in changes.items():
                 setattr(report, name, value)
-            self._save(report)
+        self._save(report)
 
     def _save(self, report: NodeReport) -> None:
-        path = node_file(self.run_dir, report.node_rank)
-        body = {field.name: getattr(report, field.name) for field in fields(report)}
-        with open(path + ".tmp", "w") as f:   # a shallow body: asdict copied every rank
-            f.write(json.dumps(stamped(Document.NODE, body), default=str))
-        os.replace(path + ".tmp", path)
+        """node-N.json: what the head knows of the node now, its ranks as they crossed."""
+        with self.save_lock:
+            with self.lock:
+                body = {field.name: getattr(report, field.name) for field in fields(report)}
+                known = self.known.get(report.node_rank)
+            body |= {"ranks": known.wire if known else {}, "saved_at": time.time()}
+            self.saved[report.node_rank] = time.monotonic()
+            path = node_file(self.run_dir, report.node_rank)
+            with open(path + ".tmp", "w") as f:   # a shallow body: asdict copied every rank
+                f.write(json.dumps(stamped(Document.NODE, body), default=str))
+            os.replace(path + ".tmp", path)
+
+    def save_all(self) -> None:
+        for report in self.reports.values():
+            self._save(report)
+
+    def nodes(self) -> list[NodeView]:
+        """Every node as the head knows it now, for its collector's merge. A node
+        whose report waits on its socket, or is being applied, is heard now: a
+        head that falls behind its reports does not take its nodes for lost."""
+        now = time.time()
+        with self.lock:
+            waiting = {n for n, link in self.links.items() if n in self.taking or _readable(link)}
+            return [NodeView(replace(report, heard_at=now if n in waiting else None),
+                             self.known[n].states if n in self.known else {})
+                    for n, report in self.reports.items()]
 
     # -- what the head's launcher asks of it --------------------------------
 
     def share_verdicts(self, verdicts: list) -> None:
+        """The verdicts the agents are told. When they change, each node's file is
+        written again at its next report (not here: at 16 nodes of 1,024 ranks that
+        takes seconds, which the verdict would wait on), so that the run dir shows
+        what they were drawn from."""
+        shared = [asdict(verdict) for verdict in verdicts]
         with self.lock:
-            self.verdicts = [asdict(verdict) for verdict in verdicts]
+            if _gist(shared) != _gist(self.verdicts):
+                self.saved = dict.fromkeys(self.saved, 0.0)
+            self.verdicts = shared
 
     def request_dump(self, wait_s: float) -> list[str]:
         """Every connected agent dumps its ranks' stacks; notes for those that did not."""
@@ -237,6 +306,29 @@ class NodeHub:
             links = list(self.links.values())
         for link in links:
             link.shutdown()
+        self.save_all()
+
+
+def _readable(link: Link) -> bool:
+    try:
+        return bool(select.select([link.sock], [], [], 0)[0])
+    except (OSError, ValueError):      # closed meanwhile
+        return False
+
+
+def _news(body: dict) -> dict:
+    """A report's word on the node beyond its ranks; ValueError if malformed."""
+    command_exit, dump_done = body.get("command_exit"), body.get("dump_done", 0)
+    finished = body.get("finished", False)
+    if not (command_exit is None or type(command_exit) is int) or type(dump_done) is not int \
+            or type(finished) is not bool:
+        raise ValueError("a report whose command_exit, dump_done or finished is malformed")
+    return {"command_exit": command_exit, "dump_done": dump_done, "finished": finished}
+
+
+def _gist(verdicts: list[dict]) -> list[tuple]:
+    """What makes verdicts different ones (their sentences' "for 3 s" aside)."""
+    return [(v["kind"], v["culprit_ranks"], v["phase"], v["step"], v["group"]) for v in verdicts]
 
 
 def _listen(address: tuple[str, int]) -> socket.socket:
@@ -249,59 +341,72 @@ def _listen(address: tuple[str, int]) -> socket.socket:
 
 # -- merging, on the head's collector ----------------------------------------
 
-def read_reports(run_dir: str) -> tuple[list[NodeReport], list[str]]:
-    """The node-N.json files of a head's run dir; notes for unreadable ones."""
-    reports, notes = [], []
-    for name in sorted(os.listdir(run_dir)):
-        if not (name.startswith("node-") and name.endswith(".json")):
-            continue
+class NodeFiles:
+    """The node-N.json files of a head's run dir (`diag analyze`, `diag tui`), each
+    decoded and checked again only when the head wrote it again."""
+
+    def __init__(self):
+        self.groups = GroupReader()     # the identities' groups, each distinct text once
+        self._read: dict[str, tuple[tuple, NodeView | None, str | None]] = {}
+
+    def read(self, run_dir: str) -> tuple[list[NodeView], list[str], list[str]]:
+        """The nodes; notes on the ranks of a node that could not be read (the node
+        counts, without them); notes on the files that could not be read at all."""
+        nodes, notes, refused = [], [], []
+        for name in sorted(os.listdir(run_dir)):
+            if not (name.startswith("node-") and name.endswith(".json")):
+                continue
+            path = os.path.join(run_dir, name)
+            try:
+                info = os.stat(path)
+                stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+            except OSError as error:
+                refused.append(f"{name}: {error.strerror}")
+                continue
+            if self._read.get(name, (None,))[0] != stamp:
+                self._read[name] = (stamp, *self._decode(path, name))
+            _, node, problem = self._read[name]
+            if node is None:
+                refused.append(problem)
+                continue
+            nodes.append(node)
+            if problem:
+                notes.append(problem)
+        return nodes, notes, refused
+
+    def _decode(self, path: str, name: str) -> tuple[NodeView | None, str | None]:
         try:
-            body = json.loads(read_small(os.path.join(run_dir, name), LIMITS.max_bytes))
-            reports.append(checked(NodeReport, read_version(Document.NODE, body)))
+            body = json.loads(read_small(path, LIMITS.max_bytes))
+            report = checked(NodeReport, read_version(Document.NODE, body))
         except (OSError, ValueError, RecursionError) as error:
-            notes.append(f"{name}: {error}")
-    return reports, notes
-
-
-def merge(snapshot: Snapshot, reports: list[NodeReport], notes: list[str],
-          groups: GroupReader) -> Snapshot:
-    """The head's snapshot with every other node's ranks and a NodeState for each;
-    what could not be merged goes into notes. `groups` reads the identities' groups
-    (ranges, as an agent sends them), each distinct text once."""
-    reference = _reference_time(snapshot)
-    for report in reports:
+            return None, f"{name}: {error}"
+        wire, report.ranks = report.ranks, {}
         try:
-            ranks = _node_ranks(report.ranks, groups)
+            states = Known.read({"seq": 0, "ranks": wire}, None, self.groups).states
         except ValueError as error:
-            notes.append(f"node {report.node_rank}: {error}")
-            ranks = {}
-        for rank, state in ranks.items():
+            return NodeView(report, {}), f"node {report.node_rank}: {error}"
+        return NodeView(report, states), None
+
+
+def merge(snapshot: Snapshot, nodes: list[NodeView], notes: list[str]) -> Snapshot:
+    """The head's snapshot with every other node's ranks and a NodeState for each;
+    what could not be merged goes into notes."""
+    reference = _reference_time(snapshot)
+    for node in nodes:
+        report = node.report
+        for rank, state in node.states.items():
             if rank in snapshot.ranks:
                 notes.append(f"node {report.node_rank}: rank {rank} is also on another node, "
                              f"skipped")
             else:
                 snapshot.ranks[rank] = state
         snapshot.nodes.append(NodeState(
-            node_rank=report.node_rank, host=report.host, ranks=sorted(ranks),
+            node_rank=report.node_rank, host=report.host, ranks=sorted(node.states),
             last_seen=report.received_at, finished=report.finished,
             lost=_is_lost(report, reference)))
     snapshot.ranks = dict(sorted(snapshot.ranks.items()))
     snapshot.taken_at = _known_until(snapshot)
     return snapshot
-
-
-def _node_ranks(ranks: dict, groups: GroupReader) -> dict[int, RankState]:
-    """The RankStates of a node's report, each identity's groups read by `groups`
-    after the check, which would copy the lists the reader shares between ranks."""
-    members = {}
-    for rank, state in ranks.items():
-        identity = state.get("identity") if isinstance(state, dict) else None
-        if isinstance(identity, dict):
-            members[rank] = groups.read(identity.pop("groups", {}))
-    states = ranks_from_dicts(ranks)
-    for rank, read in members.items():
-        states[int(rank)].identity.groups = read
-    return states
 
 
 def _known_until(snapshot: Snapshot) -> float:
@@ -323,13 +428,20 @@ def _reference_time(snapshot: Snapshot) -> float:
 
 
 def _is_lost(report: NodeReport, reference: float) -> bool:
+    """Lost as of `reference`, or as of when the head wrote the file it comes from:
+    past that, a file that is not written again says nothing of the node."""
+    if report.saved_at is not None:
+        reference = min(reference, report.saved_at)
     if report.finished:
         return False
     if report.dropped:
         return True
     if report.received_at is None:
         return reference - report.expected_since > JOIN_GRACE_S
-    return reference - report.received_at > LOST_AFTER_S
+    heard = report.received_at
+    if report.heard_at is not None and report.heard_at - heard < REPLY_S:
+        heard = max(heard, report.heard_at)   # its news waits on the head, not on it
+    return reference - heard > LOST_AFTER_S
 
 
 # -- an agent ------------------------------------------------------------------
@@ -348,30 +460,33 @@ class NodeAgent:
         self.address = parse_address(head, "--head")
         self.key, self.node_rank = key, node_rank
         self.link: Link | None = None
+        self.writer = ReportWriter()
         self.note = "not connected yet"
 
     def publish(self, ranks: dict[int, RankState], command_exit: int | None, dump_done: int,
                 finished: bool = False) -> HeadReply | None:
-        """Send this node's ranks; the head's answer, or None if it cannot be reached.
-        NodeError if the head does not share this node's token."""
-        encoded: dict[int, str] = {}
-        body = {"ranks": {str(rank): _on_the_wire(state, encoded) for rank, state in ranks.items()},
-                "command_exit": command_exit, "dump_done": dump_done, "finished": finished}
+        """Send this node's ranks (what changed since the head's last); the head's
+        answer, or None if it cannot be reached. NodeError if the head does not
+        share this node's token."""
         try:
             link = self.link or self._connect()
-            link.send(body)
+            body = self.writer.report(ranks)
+            link.send(body | {"command_exit": command_exit, "dump_done": dump_done,
+                              "finished": finished})
             reply = link.recv()
         except (OSError, EOFError, ValueError) as error:
             self.note = f"head {self.address[0]}:{self.address[1]} unreachable: {error}"
             self.close()
             return None
+        self.writer.applied(reply.get("applied"))
         self.note = f"reporting to head {self.address[0]}:{self.address[1]}"
         stop = reply.get("stop")
         return HeadReply(reply.get("verdicts", []), int(reply.get("dump", 0)),
                          stop if isinstance(stop, int) else None)
 
     def _connect(self) -> Link:
-        link = Link(socket.create_connection(self.address, timeout=HANDSHAKE_S), JSON, LIMITS)
+        link = Link(socket.create_connection(self.address, timeout=HANDSHAKE_S), JSON,
+                    AGENT_LIMITS)
         try:
             link.authenticate(self.key, challenge_first=False)
             link.send({"node_rank": self.node_rank, "host": socket.gethostname()})
@@ -391,22 +506,7 @@ class NodeAgent:
         return link
 
     def close(self) -> None:
+        self.writer.forget()
         if self.link is not None:
             self.link.close()
             self.link = None
-
-
-def _on_the_wire(state: RankState, encoded: dict[int, str]) -> dict:
-    """A rank's state as its node reports it: its dataclasses.asdict() form, but its
-    groups as ranges, as a probe file has them ("0-16383"), each list of members
-    encoded once (`encoded`, by the list's id: a node's ranks share them). As lists,
-    a group of the whole world made each report grow with the square of the ranks."""
-    groups = {}
-    for name, members in state.identity.groups.items():
-        if id(members) not in encoded:
-            encoded[id(members)] = rank_ranges(members)
-        groups[name] = encoded[id(members)]
-    body = asdict(replace(state, identity=replace(state.identity, groups={})))
-    body["identity"]["groups"] = groups
-    return body
-

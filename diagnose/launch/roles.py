@@ -25,6 +25,7 @@ class Found:
 class Solo:
     """The only launcher of the job: it judges its own ranks."""
     judges = True
+    hub: nodes.NodeHub | None = None     # the head's: the other nodes' ranks
 
     def __init__(self, thresholds: Thresholds):
         self.thresholds = thresholds
@@ -77,6 +78,7 @@ class Agent:
     head's verdicts, and carries out the head's dump requests; the head's stop
     goes back to the launcher."""
     judges = False
+    hub = None
 
     def __init__(self, head: str, node_rank: int, run_dir: str):
         self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank)

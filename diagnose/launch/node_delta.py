@@ -1,0 +1,313 @@
+"""An agent's reports as changes: what crosses the node link after the first report.
+
+The first report on a link, and any after the head asked for it, is whole: every
+rank's state as `dataclasses.asdict` writes it, groups as ranges. Every other is
+a delta on the last report the head applied (`base`, its `seq`):
+
+    {"seq": 8, "base": 7,
+     "ranks": {rank: whole state},            ranks new to the node
+     "gone": [rank, ...],                     ranks no longer on it
+     "changes": {rank: {"set": {field: value},
+                        "lists": {field: [had, drop, keep, added]}}},  added: each item
+                                                                    its fields' values, in order
+     "beats": [[heartbeat_at, "0-511,513"], ...]}   every rank's, one map
+
+A list field (a ring of phases or records) becomes old[drop:drop + keep] + added,
+`had` being the length the agent knew: a healthy rank's report is its new
+records, a hung one's its heartbeat. The head applies a delta whole or not at
+all (`Known.apply`): a delta on a state the head lacks, or anything malformed,
+is a `ValueError`, and the head asks for a whole report instead. Every value it
+keeps is checked as the files' are (diagnose/core/checked.py); no object it has
+handed out is modified, so a snapshot may hold them while reports arrive.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from operator import attrgetter, eq
+
+from diagnose.core.checked import checked, field_checks
+from diagnose.core.groups import GroupReader, encode as encode_groups
+from diagnose.core.layout import parse_ranks, rank_ranges
+from diagnose.core.snapshot import (CollectiveRecord, CpuWait, Identity, PhaseEvent, RankState,
+                                    WorkerExit)
+
+ITEMS = {"phases": PhaseEvent, "collectives": CollectiveRecord, "open_phases": PhaseEvent,
+         "cpu_waits": CpuWait, "worker_exits": WorkerExit}    # a list field's items
+LISTS = tuple(ITEMS)
+ITEM_FIELDS = {name: tuple(f.name for f in fields(item)) for name, item in ITEMS.items()}
+ITEM_VALUES = {name: attrgetter(*names) for name, names in ITEM_FIELDS.items()}
+FIELDS_OF = attrgetter("__dict__")
+BEAT = "heartbeat_at"
+VALUES = tuple(f.name for f in fields(RankState) if f.name not in LISTS and f.name != BEAT)
+CHECKS = field_checks(RankState)
+
+
+# -- the agent -----------------------------------------------------------------
+
+def _key(value) -> object:
+    """What tells a field's value changed: a dataclass by its fields' values (taken
+    now: the probe's objects change in place), anything else itself."""
+    return tuple(value.__dict__.values()) if hasattr(value, "__dataclass_fields__") else value
+
+
+def _rank_keys(state: RankState, before: tuple[dict, dict] | None) -> tuple[dict, dict]:
+    """What was sent of a rank: its values' keys, and each list's items as copies of
+    their fields. A list whose items still equal the copies sent `before` keeps
+    them: compared in C, without a copy (a hung node's report is its heartbeats)."""
+    values = {name: _key(getattr(state, name)) for name in VALUES}
+    lists = {}
+    for name in LISTS:
+        items, old = getattr(state, name), before[1][name] if before else None
+        if old is not None and len(old) == len(items) and all(map(eq, map(FIELDS_OF, items), old)):
+            lists[name] = old
+        else:
+            lists[name] = list(map(dict, map(FIELDS_OF, items)))
+    return values, lists
+
+
+def _list_change(old: list, new: list) -> tuple[int, int] | None:
+    """(drop, keep) such that new == old[drop:drop + keep] + new[keep:]; None if
+    nothing changed. A ring that moved on keeps its overlap; an item that changed
+    in place (a phase that ended) is sent again with those after it."""
+    if old == new:
+        return None
+    if not new or new[0] not in old:
+        return len(old), 0
+    drop = old.index(new[0])
+    keep, limit = 0, min(len(old) - drop, len(new))
+    while keep < limit and old[drop + keep] == new[keep]:
+        keep += 1
+    return drop, keep
+
+
+def _wire(name: str, value, encoded: dict[int, str]):
+    """A field's value as it crosses: asdict's form, groups as ranges, each list
+    of members encoded once (`encoded`, by the list's id: a node's ranks share them)."""
+    if name == "identity":
+        return {**{f.name: getattr(value, f.name) for f in fields(Identity)},
+                "groups": encode_groups(value.groups, encoded)}
+    if name in LISTS:            # their items are flat: their fields are JSON already
+        return [dict(item.__dict__) for item in value]
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
+
+
+def whole(state: RankState, encoded: dict[int, str]) -> dict:
+    body = {name: _wire(name, getattr(state, name), encoded) for name in VALUES + LISTS}
+    body[BEAT] = state.heartbeat_at
+    return body
+
+
+@dataclass
+class Sent:
+    seq: int
+    keys: dict[int, tuple[dict, dict]]     # rank -> _rank_keys: what was sent of it
+
+
+class ReportWriter:
+    """An agent's side: the next report, whole or as the changes since the last
+    one the head applied (`applied` says which it did)."""
+
+    def __init__(self):
+        self.acked: Sent | None = None     # the last report the head applied
+        self.pending: Sent | None = None   # the one on its way
+        self.seq = 0
+
+    def report(self, ranks: dict[int, RankState]) -> dict:
+        self.seq += 1
+        before = self.acked.keys if self.acked is not None else {}
+        keys = {rank: _rank_keys(state, before.get(rank)) for rank, state in ranks.items()}
+        self.pending = Sent(self.seq, keys)
+        encoded: dict[int, str] = {}
+        if self.acked is None:
+            return {"seq": self.seq, "base": None,
+                    "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()}}
+        changes = {}
+        for rank, state in ranks.items():
+            if rank in before:
+                change = _changes(state, before[rank], keys[rank], encoded)
+                if change:
+                    changes[str(rank)] = change
+        return {"seq": self.seq, "base": self.acked.seq,
+                "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()
+                          if rank not in before},
+                "gone": [rank for rank in before if rank not in ranks],
+                "changes": changes, "beats": _beats(ranks)}
+
+    def applied(self, seq: object) -> None:
+        """The head's answer: the seq it applied, or anything else for a whole report next."""
+        sent, self.pending = self.pending, None
+        self.acked = sent if sent is not None and seq == sent.seq else None
+
+    def forget(self) -> None:
+        """The link is gone: the next report, on a new one, is whole."""
+        self.acked = self.pending = None
+
+
+def _changes(state: RankState, old: tuple[dict, dict], new: tuple[dict, dict],
+             encoded: dict[int, str]) -> dict:
+    change = {}
+    values = {name: _wire(name, getattr(state, name), encoded)
+              for name in VALUES if old[0][name] != new[0][name]}
+    if values:
+        change["set"] = values
+    lists = {}
+    for name in LISTS:
+        moved = _list_change(old[1][name], new[1][name])
+        if moved is not None:
+            drop, keep = moved
+            lists[name] = [len(old[1][name]), drop, keep,
+                           [list(ITEM_VALUES[name](item)) for item in getattr(state, name)[keep:]]]
+    if lists:
+        change["lists"] = lists
+    return change
+
+
+def _beats(ranks: dict[int, RankState]) -> list:
+    """Every rank's heartbeat, the ranks that share one as ranges."""
+    by_time: dict[float, list[int]] = {}
+    for rank, state in ranks.items():
+        by_time.setdefault(state.heartbeat_at, []).append(rank)
+    return [[at, rank_ranges(sorted(members))] for at, members in by_time.items()]
+
+
+# -- the head ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Known:
+    """What the head holds of one node: the report it last applied, decoded and
+    checked (`states`), and as it crossed (`wire`, for the node's file)."""
+    seq: int
+    states: dict[int, RankState]
+    wire: dict[str, dict]
+
+    @classmethod
+    def read(cls, body: dict, known: Known | None, groups: GroupReader) -> Known:
+        """The node's state after this report; ValueError (ask for a whole report)
+        for a delta on a state the head lacks, or anything malformed."""
+        seq, base = body.get("seq"), body.get("base")
+        if type(seq) is not int or not (base is None or type(base) is int):
+            raise ValueError("a report without its sequence numbers")
+        if base is None:
+            return cls(seq, *_decode_ranks(_object(body.get("ranks"), "ranks"), {}, {}, groups))
+        if known is None or base != known.seq:
+            raise ValueError(f"a delta on report {base}, which the head does not hold")
+        return known._apply(seq, body, groups)
+
+    def _apply(self, seq: int, body: dict, groups: GroupReader) -> Known:
+        states, wire = dict(self.states), dict(self.wire)
+        for rank in _list(body.get("gone", []), "gone"):
+            if type(rank) is not int or rank not in states:
+                raise ValueError(f"gone: {str(rank)[:20]} is no rank of this node")
+            del states[rank], wire[str(rank)]
+        _decode_ranks(_object(body.get("ranks", {}), "ranks"), states, wire, groups)
+        copied: set[int] = set()
+        for name, change in _object(body.get("changes", {}), "changes").items():
+            rank = _rank(name, states)
+            _copy(rank, states, wire, copied)
+            _change(states[rank], wire[str(rank)], _object(change, f"changes[{rank}]"), groups)
+        for pair in _list(body.get("beats", []), "beats"):
+            if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
+                raise ValueError("beats: not [heartbeat_at, ranks]")
+            at = CHECKS[BEAT](pair[0])
+            for rank in parse_ranks(pair[1]):
+                _copy(_rank(rank, states), states, wire, copied)
+                states[rank].heartbeat_at = wire[str(rank)][BEAT] = at
+        return Known(seq, states, wire)
+
+
+def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> tuple[dict, dict]:
+    """Whole rank states into `states` and `wire`, every field checked."""
+    for name, body in raw.items():
+        rank = _rank(name)
+        body = _object(body, f"rank {rank}")
+        identity = _object(body.get("identity"), f"rank {rank}: identity")
+        try:
+            state = checked(RankState, dict(body, identity=dict(identity, groups={})))
+        except ValueError as error:
+            raise ValueError(f"rank {rank}: {error}") from None
+        state.identity.groups = groups.read(identity.get("groups", {}))
+        states[rank], wire[str(rank)] = state, body
+    return states, wire
+
+
+def _change(state: RankState, wire: dict, change: dict, groups: GroupReader) -> None:
+    """One rank's changes, on the copies of its state and its wire form."""
+    for name, value in _object(change.get("set", {}), "set").items():
+        if name not in VALUES:
+            raise ValueError(f"set: {str(name)[:40]!r} is no field a delta sets")
+        setattr(state, name, _identity(value, groups) if name == "identity"
+                else _checked(name, value))
+        wire[name] = value
+    for name, moved in _object(change.get("lists", {}), "lists").items():
+        if name not in LISTS:
+            raise ValueError(f"lists: {str(name)[:40]!r} is no list a delta moves")
+        if not isinstance(moved, list) or len(moved) != 4:
+            raise ValueError(f"lists[{name}]: not [had, drop, keep, added]")
+        had, drop, keep, added = moved
+        old = getattr(state, name)
+        if not all(type(n) is int and n >= 0 for n in (had, drop, keep)) \
+                or had != len(old) or drop + keep > had:
+            raise ValueError(f"lists[{name}]: {had, drop, keep} does not fit the "
+                             f"{len(old)} the head holds")
+        added = _items(name, added)
+        setattr(state, name, old[drop:drop + keep] + _checked(name, added))
+        wire[name] = wire[name][drop:drop + keep] + added
+
+
+def _items(name: str, added: object) -> list[dict]:
+    """A list's new items, each from its fields' values in order, as asdict has them."""
+    names = ITEM_FIELDS[name]
+    if not isinstance(added, list) or not all(
+            isinstance(item, list) and len(item) == len(names) for item in added):
+        raise ValueError(f"lists[{name}]: items that are not {len(names)} values each")
+    return [dict(zip(names, item)) for item in added]
+
+
+def _identity(value: object, groups: GroupReader) -> Identity:
+    body = _object(value, "identity")
+    identity = _checked("identity", dict(body, groups={}))
+    identity.groups = groups.read(body.get("groups", {}))
+    return identity
+
+
+def _checked(name: str, value: object):
+    try:
+        return CHECKS[name](value)
+    except ValueError as error:
+        raise ValueError(f"RankState.{name}: {error}") from None
+
+
+def _copy(rank: int, states: dict, wire: dict, copied: set[int]) -> None:
+    """The rank's state and wire form, copied once per delta before they change:
+    the ones a snapshot may hold stay as they were."""
+    if rank in copied:
+        return
+    copied.add(rank)
+    state = object.__new__(RankState)
+    state.__dict__.update(states[rank].__dict__)
+    states[rank], wire[str(rank)] = state, dict(wire[str(rank)])
+
+
+def _rank(name: object, states: dict | None = None) -> int:
+    """A rank named by a report (a key, so text); in `states` where given."""
+    if isinstance(name, str) and name.isascii() and name.isdigit() and len(name) <= 9:
+        rank = int(name)
+    elif type(name) is int and name >= 0:
+        rank = name
+    else:
+        raise ValueError(f"{str(name)[:20]!r} is no rank")
+    if states is not None and rank not in states:
+        raise ValueError(f"rank {rank} is not on this node")
+    return rank
+
+
+def _object(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: not an object")
+    return value
+
+
+def _list(value: object, what: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{what}: not a list")
+    return value

@@ -1,0 +1,174 @@
+"""An agent's reports as changes (diagnose/launch/node_delta.py): what the head
+rebuilds from a whole report and the deltas after it is what the agent holds;
+a delta the head cannot apply changes nothing it holds and asks for a whole
+report, and the link carries both on real sockets."""
+import copy
+import json
+from dataclasses import asdict
+
+import pytest
+
+from diagnose.core.groups import GroupReader
+from diagnose.launch.node_delta import Known, ReportWriter
+from diagnose.launch.nodes import JSON, NodeAgent, NodeHub
+from diagnose.offline.synth_live import NodeRanks, Plan
+from helpers.run import free_port
+
+pytestmark = pytest.mark.unit
+
+KEY = b"node-delta-key"
+PLAN = Plan(nodes=2, ranks_per_node=8, tp=4, culprit=13, kind="never_reached", t0=1000.0,
+            step_s=0.5, hang_step=6)
+
+
+def crossed(body: dict) -> dict:
+    """The body as the head reads it: through the link's JSON."""
+    return JSON.decode(JSON.encode(body))
+
+
+def same(known: Known, ranks: dict) -> bool:
+    return {rank: asdict(state) for rank, state in known.states.items()} == \
+        {rank: asdict(state) for rank, state in ranks.items()}
+
+
+def played(until: float, every: float = 0.25):
+    """Node 2's ranks (the culprit's) at each report from the start to `until`."""
+    node = NodeRanks(PLAN, node_rank=2)
+    now = PLAN.t0
+    while now <= until:
+        yield now, node.snapshot(now).ranks
+        now += every
+
+
+def test_deltas_rebuild_what_the_agent_holds_through_steps_and_the_hang():
+    writer, known, groups, sizes = ReportWriter(), None, GroupReader(), []
+    for now, ranks in played(PLAN.hang_at + 3.0):
+        body = crossed(writer.report(ranks))
+        sizes.append(len(JSON.encode(body)))
+        known = Known.read(body, known, groups)
+        writer.applied(known.seq)
+        assert same(known, ranks), now
+        assert json.loads(json.dumps(known.wire)) == known.wire   # the node file's form
+    assert sizes[0] > 10 * sizes[-1]      # the whole report, then a hung node's heartbeats
+    assert known.states[13].identity.groups["pp"] is known.states[9].identity.groups["pp"]
+
+
+def test_a_state_handed_out_stays_as_it_was_while_deltas_arrive():
+    writer, known, groups = ReportWriter(), None, GroupReader()
+    held = None
+    for now, ranks in played(PLAN.sent_at(3)):
+        known = Known.read(crossed(writer.report(ranks)), known, groups)
+        writer.applied(known.seq)
+        if held is None and now >= PLAN.sent_at(1):
+            held, frozen = known.states, copy.deepcopy(known.states)
+    assert {r: asdict(s) for r, s in held.items()} == {r: asdict(s) for r, s in frozen.items()}
+    assert not same(Known(0, held, {}), known.states)
+
+
+def test_a_delta_on_a_report_the_head_lacks_is_refused_and_a_whole_one_follows():
+    writer, groups = ReportWriter(), GroupReader()
+    reports = played(PLAN.sent_at(2))
+    _, first = next(reports)
+    known = Known.read(crossed(writer.report(first)), None, groups)
+    writer.applied(known.seq)
+    _, ranks = next(reports)
+    lost = crossed(writer.report(ranks))      # never reaches the head
+    writer.applied(None)                      # which says so: the next is whole
+    assert lost["base"] is not None
+    _, ranks = next(reports)
+    body = crossed(writer.report(ranks))
+    assert body["base"] is None
+    with pytest.raises(ValueError, match="does not hold"):
+        Known.read(dict(lost, base=lost["base"] + 5), known, groups)
+    known = Known.read(body, known, groups)
+    assert same(known, ranks)
+
+
+def garbled(body: dict) -> list[dict]:
+    """A delta made wrong in each way a peer might, every one well-formed JSON."""
+    rank = next(iter(body["changes"]))
+    change = body["changes"][rank]
+    name = next(iter(change["lists"]))
+    had, drop, keep, added = change["lists"][name]
+    return [
+        dict(body, changes={rank: dict(change, lists={name: [had + 1, drop, keep, added]})}),
+        dict(body, changes={rank: dict(change, lists={name: [had, had, 1, added]})}),
+        dict(body, changes={rank: dict(change, lists={name: [had, drop, keep, [{"x": 1}]]})}),
+        dict(body, changes={rank: dict(change, lists={name: [had, drop, keep, [[1, 2]]]})}),
+        dict(body, changes={rank: dict(change, lists={name: [had, drop, keep, [added[0][:-1] + ["?"]]]})}),
+        dict(body, changes={rank: {"set": {"alive": "yes"}}}),
+        dict(body, changes={rank: {"set": {"no_such_field": 1}}}),
+        dict(body, changes={rank: {"set": {"identity": {"rank": 1}}}}),
+        dict(body, changes={"99": change}),
+        dict(body, changes={"-1": change}),
+        dict(body, beats=[[1.0, "0-99"]]),
+        dict(body, beats=[["soon", "8"]]),
+        dict(body, beats=[[1.0]]),
+        dict(body, gone=[99]),
+        dict(body, ranks={"8": {"identity": "x"}}),
+        dict(body, ranks={"8": {"identity": {}}}),
+        dict(body, changes=[]),
+        dict(body, seq="9"),
+    ]
+
+
+def test_a_garbled_delta_changes_nothing_the_head_holds():
+    writer, groups = ReportWriter(), GroupReader()
+    reports = played(PLAN.sent_at(2))
+    _, first = next(reports)
+    known = Known.read(crossed(writer.report(first)), None, groups)
+    writer.applied(known.seq)
+    before = {rank: asdict(state) for rank, state in known.states.items()}
+    wire = json.dumps(known.wire, sort_keys=True)
+    _, ranks = next(reports)
+    body = crossed(writer.report(ranks))
+    assert body["changes"], "the step should have changed the ranks"
+    for bad in garbled(body):
+        with pytest.raises(ValueError):
+            Known.read(bad, known, groups)
+    assert {rank: asdict(state) for rank, state in known.states.items()} == before
+    assert json.dumps(known.wire, sort_keys=True) == wire
+    assert same(Known.read(body, known, groups), ranks)   # the real one still applies
+
+
+class RawAgent(NodeAgent):
+    """A real agent whose next report can be replaced: what a buggy peer sends."""
+    replace_next = None
+
+    def publish(self, ranks, command_exit, dump_done, finished=False):
+        if self.replace_next is not None:
+            body, self.replace_next = self.replace_next, None
+            self.link.send(body)
+            reply = self.link.recv()
+            self.writer.applied(reply.get("applied"))
+            return reply
+        return super().publish(ranks, command_exit, dump_done, finished)
+
+
+def test_over_the_link_the_head_applies_deltas_and_resyncs_after_garbage(tmp_path):
+    port = free_port()
+    hub = NodeHub(f"127.0.0.1:{port}", KEY, str(tmp_path), nnodes=3)
+    agent = RawAgent(f"127.0.0.1:{port}", KEY, 2)
+    reports = played(PLAN.hang_at + 1.0)
+    try:
+        for _ in range(4):
+            _, ranks = next(reports)
+            assert agent.publish(ranks, None, 0) is not None
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert same(Known(0, node.states, {}), ranks)
+        agent.replace_next = {"seq": 99, "base": 12345, "changes": {"8": {"set": {"alive": 3}}}}
+        reply = agent.publish(ranks, None, 0)
+        assert reply["applied"] is None and agent.writer.acked is None
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert same(Known(0, node.states, {}), ranks)          # unchanged by the garbage
+        for _, ranks in reports:
+            assert agent.publish(ranks, None, 0) is not None
+        assert agent.writer.acked is not None                  # deltas again after the resync
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert same(Known(0, node.states, {}), ranks)
+    finally:
+        agent.close()
+        hub.close()
+    saved = json.loads((tmp_path / "node-2.json").read_text())
+    assert sorted(saved["ranks"], key=int) == [str(rank) for rank in range(8, 16)]
+    assert saved["ranks"]["13"]["heartbeat_at"] == ranks[13].heartbeat_at
