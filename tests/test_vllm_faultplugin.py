@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,9 +18,11 @@ pytestmark = pytest.mark.unit
 
 
 class Worker:
-    """What the wrapper reads of vLLM's Worker: its global rank."""
-    def __init__(self, rank: int):
+    """What the wrapper reads of vLLM's Worker: its rank in its DP rank, and the DP
+    rank of its parallel config (0.32 keeps a dense model's in data_parallel_index)."""
+    def __init__(self, rank: int, dp: int = 0):
         self.rank = rank
+        self.parallel_config = SimpleNamespace(data_parallel_rank=0, data_parallel_index=dp)
 
     def execute_model(self, output):
         return f"ran {output}"
@@ -47,6 +50,19 @@ def test_it_raises_on_its_rank_at_its_call_and_nowhere_else(monkeypatch):
     assert execute(Worker(1), 4) == "ran 4"
     monkeypatch.setattr(hs_test_faults, "_calls", 0)
     assert [execute(Worker(0), step) for step in (1, 2, 3)] == ["ran 1", "ran 2", "ran 3"]
+
+
+def test_with_dp_it_fires_on_that_dp_ranks_worker_only(monkeypatch):
+    """vLLM numbers each DP rank's workers from 0: without dp=, DP rank 0's."""
+    execute = hs_test_faults._with_faults(Worker.execute_model,
+                                          parse("rank=0,call=2,kind=raise,dp=1"))
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    assert [execute(Worker(0), step) for step in (1, 2)] == ["ran 1", "ran 2"]
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    assert execute(Worker(0, dp=1), 1) == "ran 1"
+    with pytest.raises(RuntimeError, match="rank 0 raised at call 2"):
+        execute(Worker(0, dp=1), 2)
+    assert parse("rank=0,call=2,kind=raise") == [Fault(0, 2, "raise")]
 
 
 def test_with_after_it_fires_once_at_the_first_call_that_finds_the_file(monkeypatch, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from diagnose.cli.common import EXIT_CRASHED, EXIT_HEALTHY, EXIT_VERDICTS
 from helpers.run import wait_for
 from helpers.terminal import Terminal
-from helpers.vllm_faults import culprits, launch, plugin_missing
+from helpers.vllm_faults import culprits, launch, plugin_missing, show
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(plugin_missing(), reason="real vLLM or the tests' "
@@ -44,12 +44,6 @@ def detect_bound(verdict: dict) -> float:
     stretch = [entry["stretched_limit_s"] - entry["limit_s"]
                for entry in verdict["evidence"].get("cpu_wait", {}).values()]
     return DETECT_S + max(stretch, default=0.0)
-
-
-def show(case: str, report: dict) -> None:
-    for verdict in report["verdicts"]:
-        print(f"{case}: {verdict['kind']} {verdict['culprit_ranks']} after "
-              f"{verdict['detected_after_s']:.2f} s: {verdict['summary']}", file=sys.stderr)
 
 
 def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:

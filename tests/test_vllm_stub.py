@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnose.core.vocab import Phase
 from diagnose.launch.collector import Collector
 from diagnose.probe import vllm as plugin
 from diagnose.probe.vllm_hooks import WORKER_CLASS
@@ -52,6 +53,42 @@ def test_missing_names_are_notes_in_the_report_and_the_job_runs(tmp_path):
     ranks = Collector(str(run_dir)).snapshot().ranks
     assert [ranks[rank].identity.label for rank in (0, 1)] == ["Worker_TP0", "Worker_TP1"]
     assert ranks[1].identity.groups == {"tp0": [0, 1], "pp": [0, 1]}
+
+
+def serve_as_dp_rank(tmp_path, dp_rank: int) -> tuple[dict, Path]:
+    """The stub as the engine core of DP rank `dp_rank` of 2, under diag launch:
+    the report and the run dir."""
+    subprocess.run([sys.executable, str(STUB), "--write", str(tmp_path / "stub"), VERSION],
+                   check=True, timeout=30)
+    run_dir = tmp_path / "run"
+    done = diag("launch", "--run-dir", run_dir, "--", sys.executable, STUB, "--serve",
+                tmp_path / "stub", str(dp_rank), "2")
+    assert "stub served 3 steps" in (run_dir / "output.log").read_text(), done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((run_dir / "report.json").read_text()), run_dir
+
+
+def test_an_engine_core_of_dp_rank_1_and_its_workers_are_not_traced_and_say_so(tmp_path):
+    report, run_dir = serve_as_dp_rank(tmp_path, 1)
+    assert report["verdicts"] == []
+    assert list(run_dir.glob("*.probe")) == []
+    assert (f"vLLM data parallelism is not traced: EngineCore_DP1 and its workers "
+            f"ran without the probe") in report["notes"], report["notes"]
+
+
+def test_dp_rank_0_whose_config_is_dps_enters_no_phase_and_its_workers_are_not_traced(
+        tmp_path):
+    """Where the engine core's config keeps its DP size (0.11, a MoE model), DP rank
+    0's probe began before the config was known: it stays, idle, so that nothing
+    waits on workers it cannot see."""
+    report, run_dir = serve_as_dp_rank(tmp_path, 0)
+    assert report["verdicts"] == []
+    assert sorted(path.name for path in run_dir.glob("*.probe")) == ["driver.probe"]
+    driver = Collector(str(run_dir)).snapshot().driver
+    assert {event.name for event in driver.phases} <= {Phase.SHUTDOWN, Phase.EXIT}, driver.phases
+    assert driver.ring_written == 0
+    assert (f"vLLM data parallelism is not traced: EngineCore_DP0 and its workers "
+            f"ran without the probe") in report["notes"], report["notes"]
 
 
 def test_every_row_names_what_it_records_and_its_releases():

@@ -53,11 +53,12 @@ class Layout:
         pp_rank, tp_rank = self.place(rank)
         return rank_name(rank, pp_rank, self.pp_size, tp_rank)
 
-    def vllm_name(self, rank: int, dp_rank: int = 0, dp_size: int = 1) -> str:
+    def vllm_name(self, rank: int) -> str:
         """The name vLLM gives the worker (its process title, its log prefix):
-        'Worker_PP1_TP0', each part only where its size is over 1."""
+        'Worker_PP1_TP0', each part only where its size is over 1 (DP ranks are
+        not traced: diagnose/probe/vllm.py)."""
         pp_rank, tp_rank = self.place(rank)
-        parts = [("DP", dp_rank, dp_size), ("PP", pp_rank, self.pp_size),
+        parts = [("PP", pp_rank, self.pp_size),
                  ("PCP", self.pcp_rank(rank), self.pcp_size), ("TP", tp_rank, self.tp_size)]
         return "Worker" + "".join(f"_{tag}{index}" for tag, index, size in parts if size > 1)
 

@@ -20,6 +20,16 @@ Every hook is a row of HOOKS (the end of this file), applied by name with a
 check (vllm_hooks.py): a name the running release lacks is a note in the
 run's report, and the rest still work.
 
+vLLM's data parallelism is not traced: each DP engine core numbers
+its workers from 0, so their probe files would share names. An engine core of
+a DP job (named `EngineCore_DP<k>` for k >= 1) and its workers run without
+the probe: it says so in a note and drops DIAG_RUN_DIR, so the workers it
+starts stay inert. A worker whose parallel config is a DP rank's does the
+same, and so does DP rank 0's engine core where its executor's config is DP's
+(the release or the model keeps the DP size): it stays idle. 0.32 runs a
+dense model's DP ranks as independent engine cores, each config reset to DP
+size 1: DP rank 0 is then traced as the whole job it is.
+
 Nothing here changes what torch.compile traces: every wrapper that a compiled
 region may reach returns the original call at once while Dynamo traces.
 """
@@ -30,6 +40,7 @@ import inspect
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import sys
 import threading
 import weakref
@@ -47,6 +58,7 @@ GPU_WORKER = "vllm.v1.worker.gpu_worker"
 ENGINE_CORE = "vllm.v1.engine.core"
 
 EXIT_CODE_WAIT_S = 1.0   # a dying process's sentinel fires a moment before its exit code is readable
+DP_ENGINE_CORE = re.compile(r"EngineCore_DP(\d+)")   # vLLM's name for an engine core under DP
 
 _registered = False
 
@@ -61,6 +73,10 @@ def register() -> None:
     if name.startswith("VllmWorker"):
         vllm_hooks.install(HOOKS, Role.WORKER)
     elif name.startswith("EngineCore"):
+        found = DP_ENGINE_CORE.fullmatch(name)
+        if found is not None and int(found[1]) > 0:
+            untraced(f"{name} and its workers")
+            return
         probe.init(Role.DRIVER)
         vllm_hooks.install(HOOKS, Role.DRIVER)
 
@@ -68,6 +84,25 @@ def register() -> None:
 def install() -> None:
     """`diag launch`'s way in: register once vLLM's plugins module is imported."""
     torch_dist.on_import("vllm.plugins", lambda module: register())
+
+
+def untraced(what: str) -> None:
+    """A process of a DP job: the run's report says what is not traced, and the
+    processes it starts inherit no run dir."""
+    notes.note(f"vLLM data parallelism is not traced: {what} ran without the probe")
+    os.environ.pop(probe.RUN_DIR_VAR, None)
+
+
+def dp_rank(parallel) -> int:
+    """The DP rank of vLLM's parallel config: 0.32 resets a dense model's
+    data_parallel_rank to 0 and keeps it in data_parallel_index."""
+    return max(getattr(parallel, "data_parallel_rank", 0),
+               getattr(parallel, "data_parallel_index", 0))
+
+
+def data_parallel(parallel) -> bool:
+    """Whether vLLM's parallel config is one rank's of a DP job."""
+    return getattr(parallel, "data_parallel_size", 1) > 1 or dp_rank(parallel) > 0
 
 
 # -- a worker ----------------------------------------------------------------
@@ -89,7 +124,11 @@ def _starting_probe(original, owner):
     @functools.wraps(original)
     def init_worker_distributed_environment(*args, **kwargs):
         given = signature.bind(*args, **kwargs).arguments
-        _start_probe(given["vllm_config"], given["rank"], given.get("local_rank"))
+        parallel = given["vllm_config"].parallel_config
+        if data_parallel(parallel):
+            untraced(f"the workers of DP rank {dp_rank(parallel)}")
+        else:
+            _start_probe(given["vllm_config"], given["rank"], given.get("local_rank"))
         with probe.phase(Phase.INIT_DISTRIBUTED):
             return original(*args, **kwargs)
 
@@ -106,12 +145,10 @@ def _start_probe(vllm_config, rank: int, local_rank: int | None) -> None:
     device = str(vllm_config.device_config.device)
     if device.startswith("cuda") and local_rank is not None and local_rank >= 0:
         device = f"cuda:{local_rank}"
-    label = layout.vllm_name(rank, getattr(parallel, "data_parallel_rank", 0),
-                             getattr(parallel, "data_parallel_size", 1))
     vllm_collectives.layout = layout
     probe.init(Role.WORKER, rank=rank, world_size=layout.world_size, tp_rank=tp_rank,
                tp_size=layout.tp_size, pp_rank=pp_rank, pp_size=layout.pp_size,
-               device=device, groups=layout.groups_of(rank), label=label)
+               device=device, groups=layout.groups_of(rank), label=layout.vllm_name(rank))
     apply(_worker_class(parallel.worker_cls),
           [hook for hook in HOOKS if hook.module == WORKER_CLASS])
 
@@ -170,6 +207,9 @@ def _counted_rpc(collective_rpc, owner):
     the driver waits for is pending while it runs, for the wait's hook."""
     @functools.wraps(collective_rpc)
     def counted_rpc(self, method, *args, **kwargs):
+        if data_parallel(getattr(self, "parallel_config", None)):
+            _untraced_engine_core()
+            return collective_rpc(self, method, *args, **kwargs)
         _counts.messages += 1
         probe.ring_state(_counts.messages)
         _pending.phase = _driver_phase(method)
@@ -178,6 +218,21 @@ def _counted_rpc(collective_rpc, owner):
         finally:
             _pending.phase = None
     return counted_rpc
+
+
+_said_untraced = False
+
+
+def _untraced_engine_core() -> None:
+    """An engine core whose executor's config is a DP rank's (0.11 keeps the DP
+    size; 0.32 does for a MoE model): its probe began before the config was
+    known, and it stays, idle, with no phase and no message counted, so that
+    nothing waits on workers no probe sees (theirs is the same config: they
+    are not traced). Said once."""
+    global _said_untraced
+    if not _said_untraced:
+        _said_untraced = True
+        untraced(f"{multiprocessing.current_process().name} and its workers")
 
 
 def _future_wait(wait, future_cls):

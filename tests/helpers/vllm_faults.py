@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,18 @@ class FaultRun:
         code = self.server.finish()
         return len(self.texts) - served, code
 
+    def stop_through_diag(self, more: int, timeout: float) -> tuple[int, int]:
+        """As serve_more_then_stop, but stopped as a user's Ctrl-C stops it: SIGINT
+        to diag launch, which ends the job itself (vLLM's own stop of a DP job
+        SIGKILLs its engine cores: docs/architecture.md)."""
+        served = len(self.texts)
+        deadline = time.monotonic() + timeout
+        while len(self.texts) < served + more and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.stop.set()
+        self.server.interrupt()
+        return len(self.texts) - served, self.server.finish()
+
     def report(self) -> dict:
         return json.loads((self.run_dir / "report.json").read_text())
 
@@ -85,13 +98,23 @@ class FaultRun:
 
 
 def launch(work: Path, checkpoint: Path, cache: Path, fault: str, tp: int = 2, pp: int = 1,
-           eager: bool = False, diag: tuple = ("--on-hang", "kill")) -> FaultRun:
-    """`diag launch DIAG -- vllm serve` with HS_TEST_FAULT=fault, in `work`."""
-    server, run_dir = launch_vllm(work, checkpoint, cache, tp, pp, diag,
-                                  BATCHED_TOKENS + ("--enforce-eager",) * eager,
+           eager: bool = False, diag: tuple = ("--on-hang", "kill"), dp: int = 1) -> FaultRun:
+    """`diag launch DIAG -- vllm serve` with HS_TEST_FAULT=fault, in `work`; DP
+    ranks of tp x pp workers each with dp over 1."""
+    extra = BATCHED_TOKENS + ("--enforce-eager",) * eager
+    if dp > 1:
+        extra += ("--data-parallel-size", str(dp))
+    server, run_dir = launch_vllm(work, checkpoint, cache, tp, pp, diag, extra,
                                   env={"HS_TEST_FAULT": fault})
     return FaultRun(server, run_dir)
 
 
 def culprits(report: dict) -> list[list[int]]:
     return [verdict["culprit_ranks"] for verdict in report["verdicts"]]
+
+
+def show(case: str, report: dict) -> None:
+    """Each verdict on one line, in the test's output."""
+    for verdict in report["verdicts"]:
+        print(f"{case}: {verdict['kind']} {verdict['culprit_ranks']} after "
+              f"{verdict['detected_after_s']:.2f} s: {verdict['summary']}", file=sys.stderr)

@@ -4,8 +4,12 @@ groups through gpu_worker.init_worker_distributed_environment), but not the
 names listed in LEFT_OUT, so that the plugin meets a release that lacks them.
 
     vllm_stub.py --write DIR VERSION   writes the package `vllm` into DIR
-    vllm_stub.py --serve DIR           runs an engine core (this process) and two
-                                       workers for three steps, then shuts down
+    vllm_stub.py --serve DIR [DP_RANK DP_SIZE]
+                                       runs an engine core (this process) and two
+                                       workers for three steps, then shuts down;
+                                       with DP_RANK and DP_SIZE, as the engine core
+                                       EngineCore_DP<DP_RANK> of a DP job whose
+                                       config keeps its DP size (0.11, or a MoE model)
 """
 import multiprocessing
 import os
@@ -31,6 +35,8 @@ MODULES = {
 class ParallelConfig:
     tensor_parallel_size: int = 2
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
     worker_cls: str = "vllm.v1.worker.cpu_worker.CPUWorker"
 
 
@@ -131,9 +137,10 @@ def worker_main(vllm_config, rank, conn):
 
 class MultiprocExecutor:
     def __init__(self, vllm_config):
+        self.parallel_config = vllm_config.parallel_config
         context = multiprocessing.get_context("spawn")
         self.conns, self.workers = [], []
-        for rank in range(vllm_config.parallel_config.tensor_parallel_size):
+        for rank in range(self.parallel_config.tensor_parallel_size):
             ours, theirs = context.Pipe()
             proc = context.Process(target=worker_main, args=(vllm_config, rank, theirs),
                                    name=f"VllmWorker-{rank}")
@@ -163,14 +170,15 @@ def write(directory: str, version: str) -> None:
             sink.write(text.replace("{version}", version))
 
 
-def serve(directory: str) -> None:
+def serve(directory: str, dp_rank: int = 0, dp_size: int = 1) -> None:
     sys.path.insert(0, directory)      # the children inherit it: spawn passes sys.path on
-    multiprocessing.current_process().name = "EngineCore_DP0"
+    multiprocessing.current_process().name = f"EngineCore_DP{dp_rank}"
     import vllm.plugins
     vllm.plugins.load_general_plugins()
-    from vllm.config import VllmConfig
+    from vllm.config import ParallelConfig, VllmConfig
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-    executor = MultiprocExecutor(VllmConfig())
+    parallel = ParallelConfig(data_parallel_size=dp_size, data_parallel_rank=dp_rank)
+    executor = MultiprocExecutor(VllmConfig(parallel_config=parallel))
     for step in range(STEPS):
         assert executor.collective_rpc("execute_model", args=(step,)) == [step] * WORLD_SIZE
     executor.shutdown()
@@ -181,4 +189,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--write":
         write(sys.argv[2], sys.argv[3])
     else:
-        serve(sys.argv[2])
+        serve(sys.argv[2], *map(int, sys.argv[3:5]))

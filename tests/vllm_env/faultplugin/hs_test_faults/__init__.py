@@ -1,9 +1,10 @@
 """Faults inside a real vLLM worker's step, for hangscope's tests: a vLLM general
 plugin, inert unless HS_TEST_FAULT is set.
 
-    HS_TEST_FAULT="rank=1,call=3,kind=sleep[,after=PATH][;rank=2,call=3,kind=assert...]"
+    HS_TEST_FAULT="rank=1,call=3,kind=sleep[,after=PATH][,dp=D][;rank=2,call=3,kind=assert...]"
 
-On the worker of global rank `rank`, at its `call`-th Worker.execute_model (1 is
+On the worker of rank `rank` in DP rank `dp` (default 0: vLLM numbers each DP
+rank's workers from 0), at its `call`-th Worker.execute_model (1 is
 the first; with `after`, the first call from the `call`-th on at which the file
 PATH exists, so that a test picks the moment), before vLLM's own execute_model runs:
 
@@ -41,6 +42,7 @@ class Fault:
     kind: str
     seconds: float | None = None
     after: str | None = None
+    dp: int = 0
 
 
 def parse(text: str) -> list[Fault]:
@@ -52,7 +54,7 @@ def parse(text: str) -> list[Fault]:
             raise ValueError(f"{VAR}: {spec!r} needs rank=R,call=N,kind={'|'.join(KINDS)}")
         faults.append(Fault(int(fields["rank"]), int(fields["call"]), fields["kind"],
                             float(fields["seconds"]) if "seconds" in fields else None,
-                            fields.get("after")))
+                            fields.get("after"), int(fields.get("dp", 0))))
     return faults
 
 
@@ -75,12 +77,20 @@ def _with_faults(original, faults: list[Fault]):
         global _calls
         _calls += 1
         for fault in faults:
-            if fault.rank == self.rank and _due(fault):
+            if fault.rank == self.rank and fault.dp == _dp_rank(self) and _due(fault):
                 _fired.add(fault)
                 _fire(fault)
         return original(self, *args, **kwargs)
     execute_model.hs_test_faults = True
     return execute_model
+
+
+def _dp_rank(worker) -> int:
+    """0.32 resets a dense model's data_parallel_rank to 0 and keeps it in
+    data_parallel_index."""
+    parallel = worker.parallel_config
+    return max(getattr(parallel, "data_parallel_rank", 0),
+               getattr(parallel, "data_parallel_index", 0))
 
 
 def _due(fault: Fault) -> bool:
