@@ -3,10 +3,11 @@
 exception is named however vLLM's shutdown races diag's judgment.
 
     python benchmarks/vllm_states_stress.py [--case compile|raised] [--repeats N] \
-        [--keep DIR] [-o RESULTS.json]
+        [--shared-cache] [--keep DIR] [-o RESULTS.json]
 
 --case compile (the default; benchmarks/results/vllm_states_stress.json): each
-run with a fresh compile cache (so vLLM's own start-up compile is cold too) and
+run with a fresh compile cache (so vLLM's own start-up compile is cold too; with
+--shared-cache the runs share one, which makes a run about 2 minutes, not 10) and
 fresh requests. Two cases (done-when 4), under `diag launch --on-hang kill`, faults
 from the tests' own vLLM plugin (tests/vllm_env/faultplugin) inside the wrapped
 Worker.execute_model:
@@ -14,8 +15,8 @@ Worker.execute_model:
     30 s in its 3rd execute_model (Inductor's C++ builds in children, its cache
     lock);
   - tp=2 --enforce-eager: rank 0 does the same.
-While the compile runs, `diag analyze RUN_DIR --json` is asked what each rank
-does; after it, requests must still be served; then vLLM is stopped with SIGINT.
+While the compile runs, diag's state samples (state-R.json) are read for a rank
+found compiling; after it, requests must still be served; then vLLM is stopped with SIGINT.
 Right: no verdict at any time (diag did not end the run, the report holds
 none) and a rank was seen compiling.
 
@@ -42,7 +43,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,18 +90,21 @@ class Outcome:
 
 
 def compiling_seen(run_dir: Path) -> bool:
-    done = subprocess.run([sys.executable, "-m", "diagnose.cli", "analyze", "--json",
-                           str(run_dir)], capture_output=True, text=True, timeout=120)
-    try:
-        ranks = json.loads(done.stdout).get("ranks", [])
-    except ValueError:
-        return False
-    return any(row.get("doing", "").startswith("compiling") for row in ranks)
+    """Whether diag's state sampler has a rank as compiling now (its state-R.json,
+    what `diag analyze` and the TUI show): read directly, since a `diag analyze`
+    call on this loaded 2-core machine can outlast a sample's 20 s of display."""
+    for path in run_dir.glob("state-*.json"):
+        try:
+            if json.loads(path.read_text()).get("activity") == "compiling":
+                return True
+        except (OSError, ValueError):
+            continue                     # written beside, then renamed: read the next time
+    return False
 
 
-def run_case(case: Case, repeat: int, checkpoint: Path, work: Path) -> Outcome:
+def run_case(case: Case, repeat: int, checkpoint: Path, work: Path, cache: Path) -> Outcome:
     fault = f"rank={case.rank},call=3,kind=compile,seconds=30"
-    run = launch(work, checkpoint, work / "cache", fault, pp=case.pp, eager=case.eager)
+    run = launch(work, checkpoint, cache, fault, pp=case.pp, eager=case.eager)
     seen = False
     try:
         ready_s = run.start_requests()
@@ -229,6 +232,8 @@ def main() -> None:
     parser.add_argument("--keep", help="copy every run dir into this directory")
     parser.add_argument("--work", help="a directory kept between calls for the checkpoint "
                         "and the raised case's compile cache (default: a new one, removed)")
+    parser.add_argument("--shared-cache", action="store_true",
+                        help="--case compile: one compile cache for all runs")
     parser.add_argument("-o", "--output")
     args = parser.parse_args()
     output = args.output or RESULTS[args.case]
@@ -245,7 +250,8 @@ def main() -> None:
             (f"run-{repeat}-{index}", case) for index, case in enumerate(CASES)]
         for name, case in runs:
             if case is not None:
-                outcomes.append(run_case(case, repeat, checkpoint, work / name))
+                cache = work / ("cache" if args.shared_cache else f"{name}/cache")
+                outcomes.append(run_case(case, repeat, checkpoint, work / name, cache))
             elif args.case == "raised":
                 outcomes.append(run_raised(repeat, checkpoint, work / name, work / "cache"))
             else:
@@ -261,7 +267,8 @@ def main() -> None:
     else:
         show_raised(outcomes, engine=args.case == "raised-engine")
     Path(output).write_text(json.dumps(
-        {"schema_version": 1, "case": args.case, "machine": platform.platform(),
+        {"schema_version": 1, "case": args.case, "shared_cache": args.shared_cache,
+         "machine": platform.platform(),
          "cpus": os.cpu_count(), "load_average": os.getloadavg(),
          "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
     print(f"wrote {output}")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from diagnose.analysis.activity import ROWS, Classified, Row, classify
+from diagnose.analysis.activity import ROWS, Classified, CompileSeen, Row, classify
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import threads_from_json
 
@@ -90,3 +90,31 @@ def test_a_new_release_is_a_new_row():
 def test_row_names_are_unique_and_every_row_has_a_pattern():
     assert len({row.name for row in ROWS}) == len(ROWS)
     assert all(row.file or row.native for row in ROWS)
+
+
+def test_a_compile_is_seen_until_the_first_sample_that_reads_another_stack():
+    seen = CompileSeen()
+    seen.add(Activity.RUNNING, 1.0, busy=True)
+    assert (seen.since, seen.at) == (None, None)
+    for at in (2.0, 3.0):
+        seen.add(Activity.COMPILING, at, busy=True)
+    assert (seen.since, seen.at) == (2.0, 3.0)
+    seen.add(Activity.UNKNOWN, 4.0, busy=True)    # py-spy read nothing: the compile may go on
+    assert (seen.since, seen.at) == (None, 4.0)
+    seen.add(Activity.RUNNING, 5.0, busy=True)    # it ended between 4 and 5
+    seen.add(Activity.RUNNING, 6.0, busy=True)
+    seen.add(Activity.UNKNOWN, 7.0, busy=True)
+    assert seen.at == 5.0
+
+
+@pytest.mark.parametrize("busy,after_s,at", [(False, 1.0, 11.0), (True, 70.0, 80.0),
+                                             (True, 1.0, 14.0)])
+def test_an_unread_sample_holds_a_compile_only_while_busy_and_for_a_minute(busy, after_s, at):
+    """A rank that cannot be read and is blocked, or has been unreadable for over
+    UNREAD_COMPILE_S since its compile was last seen, compiles no more."""
+    seen = CompileSeen()
+    seen.add(Activity.COMPILING, 10.0, busy=True)
+    seen.add(Activity.UNKNOWN, 10.0 + after_s, busy=busy)
+    seen.add(Activity.UNKNOWN, 12.0 + after_s, busy=True)
+    seen.add(Activity.UNKNOWN, 13.0 + after_s, busy=True)
+    assert seen.at == at

@@ -6,7 +6,7 @@ import pytest
 
 from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
-from diagnose.core.snapshot import ActivitySample, RaisedError
+from diagnose.core.snapshot import ActivitySample, Pause, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
 from diagnose.offline.report import rank_rows
 from helpers.synthetic import Job, caught_exception, compiled_step, vllm_tp2
@@ -26,10 +26,11 @@ IDLE = ["v1/executor/multiproc_executor.py:700 worker_busy_loop",
 
 
 def sample(job: Job, rank: int, activity: Activity, frames: list[str], at: float,
-           compiling_since: float | None = None) -> None:
+           compiling_since: float | None = None, compiled_at: float | None = None) -> None:
     job.ranks[rank].activity = ActivitySample(
         activity=activity, taken_at=at, pid=job.ranks[rank].identity.pid, frame=frames[-1],
-        rule="test", frames=frames, native=True, compiling_since=compiling_since)
+        rule="test", frames=frames, native=True, compiling_since=compiling_since,
+        compiled_at=compiled_at)
 
 
 def both_inside_step(stall_s: float = 3.0) -> tuple[Job, float]:
@@ -207,6 +208,48 @@ def test_a_compiling_rank_is_progress_until_the_compile_limit():
     verdicts = analyze(job.snapshot(), Thresholds(compile_s=60.0))
     assert summary(verdicts) == [(VerdictKind.COMPILE_TOO_LONG, [0], [1])]
     assert "compile limit" in verdicts[0].summary
+
+
+@pytest.mark.parametrize("compiled_s_ago,hang", [(0.5, False), (None, True), (38.0, True)])
+def test_the_wait_for_a_peers_compile_is_no_stall_even_between_two_compiles(compiled_s_ago, hang):
+    """Rank 1 compiles function after function inside its step; its last sample
+    fell between two compiles (its own code). Rank 0 spins in the step's all-reduce,
+    an op of the compiled graph: busy, its own code by its stack. Its stall counts
+    from rank 1's last compile, not from when it entered the step."""
+    job, t = both_inside_step(stall_s=40.0)
+    sample(job, 0, Activity.RUNNING, ["v1/worker/gpu_worker.py:300 execute_model",
+                                      "torch/_ops.py:875 __call__"], job.now - 1.0)
+    sample(job, 1, Activity.RUNNING, ["v1/worker/gpu_worker.py:300 execute_model",
+                                      "<hs_test_faults 1.5>:2 new_function"], job.now - 1.0,
+           compiled_at=None if compiled_s_ago is None else job.now - compiled_s_ago)
+    assert bool(analyze(job.snapshot())) == hang
+
+
+@pytest.mark.parametrize("paused_rank,hang", [(None, True), (0, False), (1, True)])
+def test_the_time_diag_held_a_rank_stopped_for_its_native_dump_is_no_stall_of_its(
+        paused_rank, hang):
+    """py-spy --native stops the rank it reads, up to its 10 s timeout on a loaded
+    host; the rank's TP peer waits in the step's all-reduce meanwhile. Only the
+    held rank's own stall is excused: a dump of its peer excuses nothing of it."""
+    job, t = both_inside_step(stall_s=8.0)
+    sample(job, 0, Activity.SLEEPING, SLEEPING, t + 1.5)
+    sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    snapshot = job.snapshot()
+    snapshot.paused = [] if paused_rank is None else [Pause(paused_rank, t + 0.5, t + 7.5)]
+    verdicts = analyze(snapshot)
+    assert [v.culprit_ranks for v in verdicts] == ([[0]] if hang else [])
+
+
+def test_a_tp_peer_held_by_a_dump_excuses_its_tied_peer_and_overlaps_count_once():
+    """Both ranks inside the step, nothing pending, nothing sampled: a tie by
+    positions. Rank 0 held for 5 s, then both at once for 1 s: 6 s excused of
+    rank 1's 8 s stall too, against its 2 s limit."""
+    job, t = both_inside_step(stall_s=8.0)
+    snapshot = job.snapshot()
+    snapshot.paused = [Pause(0, t + 0.5, t + 6.5), Pause(1, t + 5.5, t + 6.5)]
+    assert analyze(snapshot) == []
+    snapshot.paused = [Pause(0, t + 0.5, t + 2.5), Pause(1, t + 1.5, t + 2.5)]
+    assert sorted(v.culprit_ranks for v in analyze(snapshot)) == [[0], [1]]
 
 
 def test_a_compile_does_not_hide_a_death():

@@ -74,11 +74,12 @@ def _started(source: str) -> subprocess.Popen:
 
 
 def test_the_sampler_reads_a_sleeping_process_with_native_frames(tmp_path):
+    from diagnose.core.snapshot import Snapshot
     from diagnose.launch.states import StateSampler
     proc = _started(SLEEPER)
     sampler = StateSampler(str(tmp_path))
     try:
-        __import__("time").sleep(1.0)
+        time.sleep(1.0)
         sampler.sample(0, proc.pid)
         sample = sampler.sample(0, proc.pid)
     finally:
@@ -88,6 +89,10 @@ def test_the_sampler_reads_a_sleeping_process_with_native_frames(tmp_path):
     assert sample.frame.startswith("[native] ") and "sleep" in sample.frame
     assert any("wait_for_service" in frame for frame in sample.frames)
     assert not sample.busy                         # blocked: no CPU between its samples
+    # each native dump stopped the process: the pauses go to the analysis
+    paused = sampler.seen(Snapshot(taken_at=time.time(), run_dir=str(tmp_path),
+                                   ranks={})).paused
+    assert len(paused) == 2 and all(p.start <= p.end for p in paused)
 
 
 def test_a_process_computing_between_two_samples_is_busy(tmp_path):
@@ -96,7 +101,7 @@ def test_a_process_computing_between_two_samples_is_busy(tmp_path):
     sampler = StateSampler(str(tmp_path))
     try:
         first = sampler.sample(0, proc.pid)
-        __import__("time").sleep(1.0)
+        time.sleep(1.0)
         second = sampler.sample(0, proc.pid)
     finally:
         proc.kill()

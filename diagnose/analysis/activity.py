@@ -158,3 +158,32 @@ def _row_of(label: str, rows: tuple[Row, ...]) -> Row | None:
     return next((row for row in rows
                  if row.file and re.fullmatch(row.file, parts["file"])
                  and re.fullmatch(row.function, function)), None)
+
+
+UNREAD_COMPILE_S = 60.0   # a compiling rank py-spy then cannot read compiles on this long at most
+
+
+@dataclass
+class CompileSeen:
+    """A rank's compiles, from its samples in order. `since`: compiling in every
+    sample since then (None: not compiling now). `at`: until when it may have
+    compiled: the last sample that showed a compile, or the first after it that
+    read another stack (the compile ended between the two). A sample that read
+    no stack of a busy process (py-spy fails on a rank busy compiling) does not
+    end it, up to UNREAD_COMPILE_S after the compile was last seen: a rank that
+    cannot be read and spins in a hang must not hold every verdict back."""
+    since: float | None = None
+    at: float | None = None
+    open: bool = False
+    seen_at: float = 0.0
+
+    def add(self, activity: Activity, taken_at: float, busy: bool) -> None:
+        compiling = activity == Activity.COMPILING
+        self.since = (self.since or taken_at) if compiling else None
+        if compiling:
+            self.seen_at = taken_at
+        if compiling or self.open:
+            self.at = taken_at
+        unread = (activity == Activity.UNKNOWN and busy
+                  and taken_at - self.seen_at < UNREAD_COMPILE_S)
+        self.open = compiling or (self.open and unread)

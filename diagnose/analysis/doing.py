@@ -74,12 +74,21 @@ def sample_wait(view: View, node: Node) -> float:
         return BUSY_WAIT_S
     if node in view.pending:
         return 0.0
-    step = open_step(state)
-    tied = [peer for peer in tp_peers(view, node) if peer not in view.pending
-            and step is not None and open_step(view.ranks[peer]) == step]
+    tied = tied_peers(view, node)
     if not tied or all(sampled(view.ranks[rank]) for rank in tied + [node]):
         return 0.0
     return SAMPLE_WAIT_S
+
+
+def tied_peers(view: View, node: Node) -> list[int]:
+    """The TP peers of a worker with nothing pending that stand in its step with
+    nothing pending either: by positions, none of them waits on another."""
+    state = view.ranks.get(node) if isinstance(node, int) else None
+    step = None if state is None or node in view.pending else open_step(state)
+    if step is None:
+        return []
+    return [peer for peer in tp_peers(view, node) if peer not in view.pending
+            and open_step(view.ranks[peer]) == step]
 
 
 def absent_ranks(view: View) -> set[int]:

@@ -38,6 +38,12 @@ def last_progress(state: RankState) -> float:
     return max(times)
 
 
+def stall_start(view: View, since: float) -> float:
+    """When a stall that began at `since` counts from: not before the job's last
+    compile (View.compiled_at), which the waits until then are waits for."""
+    return since if view.compiled_at is None else max(since, view.compiled_at)
+
+
 def seen_until(view: View, node: Node) -> float:
     """Until when a live process is known to have run without progress: now, or
     its last heartbeat where that is late. A process the machine did not run

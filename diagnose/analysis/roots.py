@@ -11,9 +11,9 @@ from diagnose.analysis.graph import reachers, terminal_components, waited_by
 from diagnose.analysis.outside import stack_text
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
                                         last_progress, last_step, limit_phase, milestone,
-                                        open_step, phase_name, ring_behind, seen_until, tp_peers,
-                                        where)
-from diagnose.analysis.starved import job_waited, wait_evidence
+                                        open_step, phase_name, ring_behind, seen_until,
+                                        stall_start, tp_peers, where)
+from diagnose.analysis.starved import excused, wait_evidence
 from diagnose.analysis.thresholds import StallLimits
 from diagnose.analysis.view import DRIVER, Node, View, driver_shutting_down, gpu_behind
 from diagnose.analysis.wording import (Words, at_frame, call_name, rank_evidence, rank_list,
@@ -54,9 +54,10 @@ def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits
         return None                      # the job is ending: the rank is on its way out
     if node in view.pending and gpu_behind(view.pending[node]):
         return _gpu_stuck(view, node, victims, limits)
-    since, until = _stalled_since(view, node, victims), seen_until(view, node)
+    since = stall_start(view, _stalled_since(view, node, victims))
+    until = seen_until(view, node)
     stall, limit = until - since, limits.limit(limit_phase(view, node))
-    waited = job_waited(view, since, until)
+    waited = excused(view, node, since, until)
     if stall < limits.stretched(limit, waited) + sample_wait(view, node):
         return None
     if node != DRIVER and waits_for_absent(view, state):
@@ -113,8 +114,9 @@ def _cycle_root(view: View, component: set[Node], victims: set[Node],
     """Processes that wait on each other: a deadlock, or a collective stuck with all
     its members inside."""
     limit = max(limits.limit(limit_phase(view, node)) for node in component)
-    spans = {node: (last_progress(view.state(node)), seen_until(view, node)) for node in component}
-    waited = {node: job_waited(view, *spans[node]) for node in component}
+    spans = {node: (stall_start(view, last_progress(view.state(node))), seen_until(view, node))
+             for node in component}
+    waited = {node: excused(view, node, *spans[node]) for node in component}
     if any(until - since < limits.stretched(limit, waited[node])
            for node, (since, until) in spans.items()):
         return None

@@ -1,12 +1,14 @@
 """How long a stalled process, and the job around it, waited for a CPU, from the
-run-delay samples the collector took (RankState.cpu_waits); the evidence."""
+run-delay samples the collector took (RankState.cpu_waits), and how long diag's
+own native stack dumps held it stopped (Snapshot.paused); the evidence."""
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import asdict
 
+from diagnose.analysis.doing import tied_peers, waits_on_peers
 from diagnose.analysis.thresholds import StallLimits
-from diagnose.analysis.view import View
+from diagnose.analysis.view import Node, View
 from diagnose.core.snapshot import CpuWait, RankState, Snapshot, Verdict
 
 SHOWN_WAIT_S = 0.1        # less than this in the evidence would say nothing
@@ -32,6 +34,32 @@ def job_waited(view: View, since: float, until: float) -> float:
         state for state in [*view.ranks.values(), view.driver]
         if state is not None and len(state.cpu_waits) > 1])
     return sum(cpu_waited(state, since, until) for state in sampled)
+
+
+def excused(view: View, node: Node, since: float, until: float) -> float:
+    """Seconds of a stall of `node` between `since` and `until` that were not its
+    own doing: the job's waits for a CPU, and the time diag itself held it, or
+    a TP peer tied with it in its step and not known to wait (doing.tied_peers:
+    the peer may be what it waits on), stopped for a native stack dump. A dump
+    of any other rank excuses nothing: the dumps of a job's many ranks would
+    add up to the bound of every stretch."""
+    held = {node, *(peer for peer in tied_peers(view, node)
+                     if not waits_on_peers(view.ranks[peer]))}
+    spans = sorted((max(since, pause.start), min(until, view.now if pause.end is None
+                                                   else pause.end))
+                   for pause in view.snapshot.paused if pause.rank in held)
+    return job_waited(view, since, until) + _covered(spans)
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of sorted (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 def _total_at(samples: list[CpuWait], when: float) -> float:

@@ -52,6 +52,12 @@ class View:
         for rank, state in self.ranks.items():
             self._index(rank, state.collectives)
         self.groups = member_groups(snapshot, self.highest_seq)
+        # the last time any rank was seen compiling: a peer's compile is no stall of
+        # those that wait on it, whatever a sample between two compiles reads
+        self.compiled_at = max((state.activity.compiled_at for state in self.ranks.values()
+                                if state.activity is not None
+                                and state.activity.compiled_at is not None
+                                and state.activity.pid == state.identity.pid), default=None)
 
     def _index(self, rank: int, records: list[CollectiveRecord]) -> None:
         """This loop meets every record of the snapshot, so it keeps to local

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 
-from diagnose.analysis.activity import classify
+from diagnose.analysis.activity import CompileSeen, classify
 from diagnose.attach.discover import Job, JobProcess
 from diagnose.attach.sample import Samples
 from diagnose.core.frames import is_native
@@ -61,7 +61,18 @@ def activity_sample(pid: int, samples: Samples, taken_at: float) -> ActivitySamp
         sample.compiling_since = samples.taken[0].at
     elif found.activity == Activity.COMPILING:
         sample.compiling_since = _compiling_since(samples)
+    sample.compiled_at = sample.taken_at if sample.activity == Activity.COMPILING else \
+        _compiled_at(samples)
     return sample
+
+
+def _compiled_at(samples: Samples) -> float | None:
+    seen = CompileSeen()
+    for taken in samples.taken:
+        read = taken.threads is not None
+        seen.add(classify(taken.main_frames).activity if read else Activity.UNKNOWN, taken.at,
+                 samples.busy)
+    return seen.at
 
 
 def _compiling_since(samples: Samples) -> float:

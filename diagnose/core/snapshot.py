@@ -111,6 +111,7 @@ class ActivitySample:
     native: bool = False           # the frames include native ones (py-spy --native)
     note: str | None = None        # why not native, or why no stack at all
     compiling_since: float | None = None  # compiling in every sample since then
+    compiled_at: float | None = None      # the last sample that found it compiling
     busy: bool = False             # its process used CPU since the sample before (2% of the
                                    # time at least): it computes, it is not blocked
 
@@ -138,6 +139,15 @@ class CpuWait:
     run delay /proc/PID/task/TID/schedstat counts (time runnable but not run)."""
     at: float
     waited_s: float
+
+
+@dataclass
+class Pause:
+    """diag launch held a rank stopped while py-spy read its native stack: from
+    start to end (None: still)."""
+    rank: int
+    start: float
+    end: float | None = None
 
 
 @dataclass
@@ -232,6 +242,7 @@ class Snapshot:
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)
     sampling: bool = False   # diag launch is taking state samples of the still ranks (live)
     host: HostLoad | None = None  # the judging host's CPU load (live only)
+    paused: list[Pause] = field(default_factory=list)  # diag's own stops of ranks (live only)
 
 
 @dataclass

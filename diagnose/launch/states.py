@@ -24,11 +24,11 @@ from dataclasses import asdict, replace
 
 import psutil
 
-from diagnose.analysis.activity import classify
+from diagnose.analysis.activity import CompileSeen, classify
 from diagnose.analysis.position import last_progress
 from diagnose.core import runfile
 from diagnose.core.schema import Document, stamped
-from diagnose.core.snapshot import ActivitySample, RankState, Snapshot
+from diagnose.core.snapshot import ActivitySample, Pause, RankState, Snapshot
 from diagnose.core.vocab import Activity, Phase
 from diagnose.launch.py_spy import py_spy_dump
 
@@ -37,6 +37,7 @@ RESAMPLE_S = 2.0       # and again this often while it stays still, at first; th
 MAX_RESAMPLE_S = 16.0  # doubles with each sample that finds it the same, up to this
 MAX_WORKERS = 8        # py-spy dumps at once
 DUMP_TIMEOUT_S = 10.0
+PAUSES_KEPT_S = 600.0  # diag's stops of ranks, kept this long for the analysis
 COMPILERS = frozenset({"cc", "cc1", "cc1plus", "c++", "gcc", "g++", "clang", "clang++", "ld",
                        "ld.lld", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "ninja"})
 COMPILE_WORKER = "compile_worker"   # Inductor's pool: alive between compiles, busy in one
@@ -54,12 +55,13 @@ class StateSampler:
         self.busy: set[int] = set()                       # ranks with a dump under way
         self.sampled_at: dict[int, float] = {}            # rank -> when its last dump began
         self.gap: dict[int, tuple[float, tuple]] = {}     # rank -> (resample gap, last finding)
-        self.compiling_since: dict[int, float | None] = {}
+        self.compile_seen: dict[int, CompileSeen] = {}
         self.worker_cpu: dict[int, tuple[float, float]] = {}   # compile worker pid -> (when,
                                                                # its CPU time then)
         self.rank_cpu: dict[int, tuple[float, float]] = {}  # pid -> (when, its CPU time)
         self.python_only: dict[int, str] = {}             # pid -> why py-spy gives it no
                                                           # native frames
+        self.pauses: list[Pause] = []                     # native dumps: each stops a rank
 
     def seen(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot as the sampler leaves it for the analysis: samples due are
@@ -70,7 +72,14 @@ class StateSampler:
         ranks = {rank: replace(state, heartbeat_at=snapshot.taken_at)
                  if rank in dumping and state.alive else state
                  for rank, state in snapshot.ranks.items()}
-        return replace(snapshot, ranks=ranks, sampling=True)
+        return replace(snapshot, ranks=ranks, sampling=True, paused=self._pauses(snapshot.taken_at))
+
+    def _pauses(self, now: float) -> list[Pause]:
+        """Copies of the pauses that ended less than PAUSES_KEPT_S ago."""
+        with self.lock:
+            self.pauses = [pause for pause in self.pauses
+                           if pause.end is None or now - pause.end < PAUSES_KEPT_S]
+            return [replace(pause) for pause in self.pauses]
 
     def update(self, snapshot: Snapshot) -> None:
         now = snapshot.taken_at
@@ -128,7 +137,7 @@ class StateSampler:
         dump = py_spy_dump(pid, timeout=DUMP_TIMEOUT_S, nonblocking=True)
         sample = self._classified(pid, taken_at, dump, native=False)
         if sample.activity == Activity.RUNNING and pid not in self.python_only:
-            native = py_spy_dump(pid, native=True, timeout=DUMP_TIMEOUT_S)
+            native = self._native_dump(rank, pid)
             if native.note and native.threads is not None:
                 self.python_only[pid] = native.note   # later samples skip the native dump
             if native.threads is not None:
@@ -138,11 +147,22 @@ class StateSampler:
         child = compiler_child(pid, self.worker_cpu)
         if child is not None:
             sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
-        compiling = sample.activity == Activity.COMPILING
-        since = self.compiling_since.get(rank) if compiling else None
-        self.compiling_since[rank] = since = (since or taken_at) if compiling else None
-        sample.compiling_since = since
+        seen = self.compile_seen.setdefault(rank, CompileSeen())
+        seen.add(sample.activity, taken_at, sample.busy)
+        sample.compiling_since, sample.compiled_at = seen.since, seen.at
         return sample
+
+    def _native_dump(self, rank: int, pid: int):
+        """py-spy --native stops the rank while it reads it (up to DUMP_TIMEOUT_S on
+        a loaded host): a pause of diag's, which no stall of the job may count."""
+        pause = Pause(rank, time.time())
+        with self.lock:
+            self.pauses.append(pause)
+        try:
+            return py_spy_dump(pid, native=True, timeout=DUMP_TIMEOUT_S)
+        finally:
+            with self.lock:
+                pause.end = time.time()
 
     @staticmethod
     def _classified(pid: int, taken_at: float, dump, native: bool) -> ActivitySample:
