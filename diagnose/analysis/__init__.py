@@ -16,8 +16,9 @@ The analysis builds a wait-for graph over the driver and the worker ranks
 
 Ranks at the root of the graph (a terminal strongly connected component: a
 rank that waits on no one, or a cycle) are the culprits once they have made no
-progress for longer than their phase's stall limit; every rank that reaches
-them is a victim (roots.py). Three rules come before the graph: a dead process
+progress for longer than their phase's stall limit, counted from the job's
+last compile at the earliest (a wait for a peer's compile is no stall); every
+rank that reaches them is a victim (roots.py). Three rules come before the graph: a dead process
 is the culprit of everything that follows (the first to die, if several;
 dead.py), members that disagree on the op of one collective are a mismatch,
 and a member that went past a collective seq without joining it (or past its
@@ -30,7 +31,9 @@ left a step phase while its GPU has not finished that phase's work, which is
 how a single GPU shows a stop (device.py). A job that hung and was then
 stopped is judged as it stood just before its first death (timeline.py), so
 the hang, not the kill, is named; a job diag launch stopped (exit.json says
-when) is judged as it stood when the stop began, so the stop is no death. In
+when), or its command did (vLLM's API server, which kills the engine core and
+the workers at once: stopping.json), is judged as it stood when the stop
+began, so the stop is no death. In
 a multi-node job, a node whose agent went silent is `node_lost`: the verdicts
 that blame its ranks, whose state is stale, give way to that one. A rank whose
 probe file cannot be read is not seen, but its peers still wait on it: where
@@ -62,15 +65,14 @@ from diagnose.analysis.roots import root_verdicts
 from diagnose.analysis.starved import with_host
 from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
-from diagnose.analysis.timeline import at_stop, recent, rewind
+from diagnose.analysis.timeline import recent, rewind, stopped
 from diagnose.analysis.view import Node, View, driver_left, shutdown_starts
 from diagnose.core.snapshot import Snapshot, Verdict
 
 
 def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
     """Verdicts, the most likely root cause first; an empty list means healthy."""
-    if snapshot.stop is not None:
-        snapshot = at_stop(snapshot)
+    snapshot = stopped(snapshot)
     verdicts = fold_consequences(_judge(recent(snapshot), thresholds or Thresholds()))
     lost = [node for node in snapshot.nodes if node.lost]
     if lost:

@@ -5,7 +5,10 @@ is named; launch/first_failure.py joins it with what the job's output says
 (the one first failure of a report)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from diagnose.analysis.raised import ENDING_PHASES
+from diagnose.analysis.timeline import at_stop, command_stop
 from diagnose.analysis.view import DRIVER, find_deaths
 from diagnose.analysis.wording import exit_text
 from diagnose.core.snapshot import Crash, Snapshot
@@ -22,7 +25,11 @@ def crash_of(snapshot: Snapshot) -> Crash | None:
 def probed_failure(snapshot: Snapshot) -> Crash | None:
     """The earliest failure the probes recorded, however the job ended: an
     exception that left a rank's phase (each rank keeps its first; one in
-    dequeue, shutdown or exit is the engine being ended) or a rank's death."""
+    dequeue, shutdown or exit is the engine being ended) or a rank's death; a
+    death that a stop of the command's own caused is none."""
+    stop = command_stop(snapshot)
+    if stop is not None:
+        snapshot = at_stop(replace(snapshot, stop=stop))
     found = []
     for rank, state in snapshot.ranks.items():
         error = state.error

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diagnose.core.snapshot import CollectiveRecord, PhaseEvent, RankState, Snapshot
+from diagnose.analysis.raised import ENDING_PHASES
+from diagnose.core.snapshot import CollectiveRecord, PhaseEvent, RankState, Snapshot, Stop
 
 RECENT = 256                           # records and phases per rank the analysis reads (4 probe rings)
+RAN_SLACK_S = 0.5                      # five heartbeats: a process whose last sign of life is
+                                       # this recent when a stop began was running then
 
 
 def recent(snapshot: Snapshot) -> Snapshot:
@@ -48,6 +51,40 @@ def rewind(snapshot: Snapshot, when: float) -> Snapshot:
     driver = state_at(snapshot.driver) if snapshot.driver is not None else None
     return replace(snapshot, taken_at=when, driver=driver, command_exit=None,
                    ranks={rank: state_at(state) for rank, state in snapshot.ranks.items()})
+
+
+def stopped(snapshot: Snapshot) -> Snapshot:
+    """The job as judged once stopped: as it stood when the first stop began,
+    diag launch's or its command's own (vLLM's API server ends the engine core
+    and the workers at once, before they can say so); as it is without one."""
+    stops = [stop for stop in (snapshot.stop, command_stop(snapshot)) if stop is not None]
+    if not stops:
+        return snapshot
+    return at_stop(replace(snapshot, stop=min(stops, key=lambda stop: stop.at)))
+
+
+def command_stop(snapshot: Snapshot) -> Stop | None:
+    """The stop the command began (Snapshot.stopping), with the processes that ran
+    then: alive, or seen within RAN_SLACK_S of it, and not a worker whose exit the
+    driver had recorded by then. None where a rank had raised before it began
+    (outside the ending phases): vLLM's API server stops the engine after such a
+    failure too, and the exception is judged as the job ended, its peers left
+    waiting (raised.py), not as it stood at the stop."""
+    if snapshot.stopping is None:
+        return None
+    at = snapshot.stopping.at
+    driver = snapshot.driver
+    if any(state.error is not None and state.error.at <= at
+           and state.error.phase not in ENDING_PHASES for state in snapshot.ranks.values()):
+        return None
+    exited = {exit.rank for exit in (driver.worker_exits if driver else []) if exit.at <= at}
+
+    def ran(state: RankState) -> bool:
+        return state.alive or state.last_sign_of_life >= at - RAN_SLACK_S
+
+    return Stop(at=at, driver=driver is not None and ran(driver),
+                ranks=[rank for rank, state in snapshot.ranks.items()
+                       if ran(state) and rank not in exited])
 
 
 def at_stop(snapshot: Snapshot) -> Snapshot:

@@ -25,6 +25,7 @@ class Document(Name):
     SNAPSHOT = "snapshot.json"          # diag attach: the snapshot it judged
     ATTACH = "attach.json"              # diag attach: the job it found and its samples
     NOTE = "notes.jsonl"                # one line per note a process of the job made
+    STOPPING = "stopping.json"          # the command began to stop the job itself
     DUMP = "dump"                       # diag dump --json, and dump-<time>.json
     ANALYZE = "analyze"                 # diag analyze --json
     LOGS = "logs"                       # diag logs --json

@@ -230,6 +230,14 @@ class Stop:
 
 
 @dataclass
+class Stopping:
+    """The command began to stop the job itself (vLLM's API server, at its
+    shutdown), before it ended any process (stopping.json)."""
+    at: float
+    pid: int
+
+
+@dataclass
 class Snapshot:
     taken_at: float
     run_dir: str
@@ -237,6 +245,7 @@ class Snapshot:
     driver: RankState | None = None
     command_exit: int | None = None  # the wrapped command's exit code, once it ended
     stop: Stop | None = None         # set when diag launch stopped the command
+    stopping: Stopping | None = None  # set when the command began to stop the job itself
     notes: list[str] = field(default_factory=list)  # files that could not be read, and why
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its file cannot be read
     nodes: list[NodeState] = field(default_factory=list)  # the other nodes (multi-node only)

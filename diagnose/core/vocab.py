@@ -96,6 +96,7 @@ class Role(Name):
     WORKER = "worker"      # a TP x PP rank of the engine
     DRIVER = "driver"      # the engine's scheduler process, not a rank
     PROCESS = "process"    # a rank of a program we did not write (generic mode)
+    FRONTEND = "frontend"  # vLLM's API server (the engine core's client): no probe, one hook
 
 
 class Op(Name):

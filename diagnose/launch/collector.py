@@ -28,11 +28,12 @@ from diagnose.core.groups import GroupReader
 from diagnose.core.schema import Document, NewerSchema, read_version
 from diagnose.core.frames import frame_label
 from diagnose.core.snapshot import (ActivitySample, CpuWait, FaultRecord, Identity, RaisedError,
-                                    RankState, Snapshot, Stop)
+                                    RankState, Snapshot, Stop, Stopping)
 from diagnose.core.vocab import Role
 from diagnose.launch import nodes
 from diagnose.launch.cpuload import HostMeter, RunDelays
 from diagnose.probe import notes as probe_notes
+from diagnose.probe.stopping import STOPPING_FILE
 
 EXIT_FILE = str(Document.EXIT)  # written by diag launch when the command ends
 EXIT_FILE_BYTES = 4096
@@ -97,13 +98,15 @@ class Collector:
             else:
                 ranks[state.identity.rank] = state
         command_exit, stop, ended_at = self._command_exit()
+        stopping = self._stopping()            # after the probe files: it came before any death
         now = time.time()
         if command_exit is not None:
             now = min(now, ended_at or _last_sign_of_life(ranks, driver, now))
         self._run_delays.forget_others(self._local)
         snapshot = Snapshot(taken_at=now, run_dir=self.run_dir,
                             ranks=dict(sorted(ranks.items())), driver=driver,
-                            command_exit=command_exit, stop=stop, unreadable=unreadable,
+                            command_exit=command_exit, stop=stop, stopping=stopping,
+                            unreadable=unreadable,
                             host=None if command_exit is not None else self._host_meter.read())
         if self.hub is not None:
             known = self.hub.nodes()
@@ -151,6 +154,24 @@ class Collector:
         self.notes.append(f"{EXIT_FILE}: {problem}")
         self.refused.append(f"{EXIT_FILE}: {problem}")
         return None, None, None
+
+    def _stopping(self) -> Stopping | None:
+        """When the command began to stop the job itself (probe/stopping.py)."""
+        path = os.path.join(self.run_dir, STOPPING_FILE)
+        try:
+            body = read_version(Document.STOPPING, json.loads(read_small(path, EXIT_FILE_BYTES)))
+            return checked(Stopping, body)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            problem = error.strerror
+        except NewerSchema as error:
+            problem = str(error)
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            problem = f"not the JSON diag's probe writes ({type(error).__name__})"
+        self.notes.append(f"{STOPPING_FILE}: {problem}")
+        self.refused.append(f"{STOPPING_FILE}: {problem}")
+        return None
 
     def _read(self, path: str) -> RankState:
         """The rank's state, or ProbeFileError. The file is opened without blocking

@@ -49,13 +49,14 @@ from dataclasses import dataclass
 from diagnose import probe
 from diagnose.core.layout import Layout
 from diagnose.core.vocab import Phase, Role
-from diagnose.probe import notes, torch_dist, vllm_collectives, vllm_hooks
+from diagnose.probe import notes, stopping, torch_dist, vllm_collectives, vllm_hooks
 from diagnose.probe.vllm_hooks import WORKER_CLASS, Hook, apply
 
 DRIVER_PHASES = {"execute_model": Phase.EXECUTE_MODEL, "sample_tokens": Phase.SAMPLE}
 EXECUTOR = "vllm.v1.executor.multiproc_executor"
 GPU_WORKER = "vllm.v1.worker.gpu_worker"
 ENGINE_CORE = "vllm.v1.engine.core"
+CORE_CLIENT = "vllm.v1.engine.core_client"
 
 EXIT_CODE_WAIT_S = 1.0   # a dying process's sentinel fires a moment before its exit code is readable
 DP_ENGINE_CORE = re.compile(r"EngineCore_DP(\d+)")   # vLLM's name for an engine core under DP
@@ -79,6 +80,8 @@ def register() -> None:
             return
         probe.init(Role.DRIVER)
         vllm_hooks.install(HOOKS, Role.DRIVER)
+    else:
+        vllm_hooks.install(HOOKS, Role.FRONTEND)
 
 
 def install() -> None:
@@ -355,6 +358,20 @@ def _driver_phase(method) -> tuple[Phase, int] | None:
     return None if phase is None else (phase, _counts.executed - 1)
 
 
+# -- the API server ------------------------------------------------------------
+
+def _announced_stop(shutdown, owner):
+    """The API server's client of the engine core stops it (SIGINT to vLLM, or
+    its end): said before it kills anything, since with its default timeout of
+    0 it kills the engine core and the workers at once, before either can enter
+    a shutdown phase."""
+    @functools.wraps(shutdown)
+    def announced(client, *args, **kwargs):
+        stopping.began()
+        return shutdown(client, *args, **kwargs)
+    return announced
+
+
 # -- the table -------------------------------------------------------------------
 # Rows of one module are applied in this order: a later wrapper of the same
 # function is the outer one (counting a collective_rpc comes before its wait).
@@ -397,4 +414,7 @@ HOOKS: list[Hook] = [
          _shutdown_requested, optional="before it the shutdown begins in the executor's"),
     Hook(EXECUTOR, "MultiprocExecutor.start_worker_monitor", "the exit codes of dead workers",
          "0.10-0.32", Role.DRIVER, _watching_workers),
+    Hook(CORE_CLIENT, "MPClient.shutdown",
+         "when the API server begins to stop the engine (the deaths it causes may read as "
+         "failures)", "0.11-0.32", Role.FRONTEND, _announced_stop),
 ]

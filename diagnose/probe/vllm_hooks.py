@@ -30,7 +30,8 @@ class Hook:
     name: str             # the qualified name in it: "FutureWrapper._wait_for_response"
     records: str          # what the hook records, said in the note when it is missing
     releases: str         # the releases that have the name, as the matrix found them
-    role: Role            # where it is applied: in the workers or in the engine core (driver)
+    role: Role            # where it is applied: the workers, the engine core (driver) or
+                          # the API server (frontend)
     wrap: Callable        # wrap(original, owner) -> what replaces the original in owner
     group: str = ""       # rows of one group are alternatives: the first found is applied
     optional: str = ""    # why a release without the name loses nothing: no note then
