@@ -131,46 +131,31 @@ class Collector:
         """The wrapped command's exit code, once `diag launch` has seen it end, the
         stop, if diag launch stopped it, and when it ended (run dirs of diag 0.x
         before ended_at have no time)."""
-        path = os.path.join(self.run_dir, EXIT_FILE)
-        try:
-            ending = read_version(Document.EXIT, json.loads(read_small(path, EXIT_FILE_BYTES)))
-            code, stop = ending["command_exit"], ending.get("stop")
-            if code is None and stop is not None:  # diag stopped it: the job is over all the same
-                code = ending.get("exit_after_stop")
-            ended_at = ending.get("ended_at")
-            if not isinstance(ended_at, (int, float)) or isinstance(ended_at, bool):
-                ended_at = None
-            if isinstance(code, int) and not isinstance(code, bool):
-                return code, None if stop is None else checked(Stop, stop), ended_at
-            problem = f"command_exit {str(code)[:40]} is no exit code"
-        except FileNotFoundError:
-            return None, None, None
-        except OSError as error:
-            problem = error.strerror
-        except NewerSchema as error:
-            problem = str(error)
-        except (ValueError, KeyError, TypeError, RecursionError) as error:
-            problem = f"not the JSON diag launch writes ({type(error).__name__})"
-        self.notes.append(f"{EXIT_FILE}: {problem}")
-        self.refused.append(f"{EXIT_FILE}: {problem}")
-        return None, None, None
+        ending = self._small_file(EXIT_FILE, Document.EXIT, "diag launch", _exit_of)
+        return ending or (None, None, None)
 
     def _stopping(self) -> Stopping | None:
         """When the command began to stop the job itself (probe/stopping.py)."""
-        path = os.path.join(self.run_dir, STOPPING_FILE)
+        return self._small_file(STOPPING_FILE, Document.STOPPING, "diag's probe",
+                                lambda body: checked(Stopping, body))
+
+    def _small_file(self, name: str, document: Document, writer: str, parse):
+        """parse() of the run dir's JSON file `name`; None where there is none, or
+        where it is refused, which the notes say."""
         try:
-            body = read_version(Document.STOPPING, json.loads(read_small(path, EXIT_FILE_BYTES)))
-            return checked(Stopping, body)
+            body = read_version(document, json.loads(read_small(
+                os.path.join(self.run_dir, name), EXIT_FILE_BYTES)))
+            return parse(body)
         except FileNotFoundError:
             return None
         except OSError as error:
             problem = error.strerror
-        except NewerSchema as error:
+        except (NewerSchema, NoExitCode) as error:
             problem = str(error)
         except (ValueError, KeyError, TypeError, RecursionError) as error:
-            problem = f"not the JSON diag's probe writes ({type(error).__name__})"
-        self.notes.append(f"{STOPPING_FILE}: {problem}")
-        self.refused.append(f"{STOPPING_FILE}: {problem}")
+            problem = f"not the JSON {writer} writes ({type(error).__name__})"
+        self.notes.append(f"{name}: {problem}")
+        self.refused.append(f"{name}: {problem}")
         return None
 
     def _read(self, path: str) -> RankState:
@@ -367,3 +352,20 @@ def request_dump(run_dir: str, wait_s: float = 2.0) -> list[str]:
                    if runfile.dump_done(path) < request}
     missing += [f"{os.path.basename(path)}: no dump within {wait_s:g}s" for path in waiting]
     return missing
+
+
+class NoExitCode(ValueError):
+    """exit.json names no exit code."""
+
+
+def _exit_of(ending: dict) -> tuple[int, Stop | None, float | None]:
+    """exit.json's exit code, stop and end time (NoExitCode without a code)."""
+    code, stop = ending["command_exit"], ending.get("stop")
+    if code is None and stop is not None:  # diag stopped it: the job is over all the same
+        code = ending.get("exit_after_stop")
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise NoExitCode(f"command_exit {str(code)[:40]} is no exit code")
+    ended_at = ending.get("ended_at")
+    if not isinstance(ended_at, (int, float)) or isinstance(ended_at, bool):
+        ended_at = None
+    return code, None if stop is None else checked(Stop, stop), ended_at
