@@ -12,7 +12,7 @@ from diagnose.core.vocab import Phase
 from diagnose.launch.collector import Collector
 from diagnose.core.snapshot import Identity
 from diagnose.analysis.thresholds import Thresholds
-from helpers.run import diag, launch, torchrun
+from helpers.run import detect_bound, diag, launch, torchrun
 from helpers.synthetic import Job
 
 BOOTSTRAP = BOOTSTRAP_DIR
@@ -54,7 +54,7 @@ def test_rank_that_skips_all_reduce_is_named(tmp_path):
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("collective_missing_peers", [1])
     assert (verdict["group"], verdict["seq"]) == ("world", 5)
-    assert verdict["detected_after_s"] < DETECT_S
+    assert verdict["detected_after_s"] < detect_bound(verdict, DETECT_S)
     assert analyze_again(run_dir)[0] == ("collective_missing_peers", [1])
 
 
@@ -83,7 +83,7 @@ def test_pipeline_stage_that_never_sends_is_named(tmp_path):
     assert verdict["culprit_ranks"] == [2]
     assert 3 in verdict["victim_ranks"]
     assert "recv seq 5" in verdict["summary"]
-    assert verdict["detected_after_s"] < DETECT_S
+    assert verdict["detected_after_s"] < detect_bound(verdict, DETECT_S)
     assert analyze_again(run_dir)[0] == (verdict["kind"], [2])
 
 
@@ -94,7 +94,7 @@ def test_rank_that_exits_is_dead(tmp_path):
     assert (verdict["kind"], verdict["culprit_ranks"]) == ("dead", [1])
     assert verdict["evidence"]["alive"] is False                 # docs/json.md: its row is dead
     assert [row["state"] for row in body["ranks"] if row["rank"] == 1] == ["dead"]
-    assert verdict["detected_after_s"] < DETECT_S
+    assert verdict["detected_after_s"] < detect_bound(verdict, DETECT_S)
     assert analyze_again(run_dir)[0] == ("dead", [1])
 
 
@@ -105,7 +105,7 @@ def test_mark_is_a_phase_and_never_reached_works(tmp_path):
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["phase"]) == (
         "never_reached", [1], "train_step")
-    assert verdict["detected_after_s"] < DETECT_S
+    assert verdict["detected_after_s"] < detect_bound(verdict, DETECT_S)
     assert body["ranks"][0]["phase"] == "train_step"
     assert "toy_steps has no no_such_step; mark ignored" in (run_dir / "output.log").read_text()
     assert analyze_again(run_dir)[0] == ("never_reached", [1])

@@ -132,3 +132,12 @@ def left_behind(run_dir) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
     return found
+
+
+def detect_bound(verdict: dict, base: float) -> float:
+    """A test's bound on a verdict's detection time, `base`, plus the time the host
+    kept the job off its CPUs, by which diag stretched its stall limit (the
+    verdict's cpu_wait evidence): a loaded machine makes a rank slower, not hung."""
+    stretch = [entry["stretched_limit_s"] - entry["limit_s"]
+               for entry in verdict["evidence"].get("cpu_wait", {}).values()]
+    return base + max(stretch, default=0.0)
