@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 
 from engine.communicator import Communicator, Layout
 from engine.model.attention import AttentionMetadata
+from engine.model.linear import ColumnParallelLinear, linear, pack_linears
 from engine.model.llama import LlamaForCausalLM, stage_layers
 from engine.model.loader import load_weights, resolve_model
 
@@ -95,6 +96,50 @@ def tiny_hf_model(kind: str):
         for name, param in model.named_parameters():
             param.normal_(1.0 if "norm" in name else 0.0, 0.1 if "norm" in name else 0.08)
     return model.eval()
+
+
+@pytest.mark.unit
+def test_bf16_weights_prepared_once_on_the_cpu_give_the_plain_products_logits(tmp_path):
+    """pack_linears packs each bf16 projection for oneDNN, or widens it to float32 where
+    the CPU lacks bf16 dot products: the logits stay those of the plain bf16 products,
+    and the plain weights are gone (the tied embedding keeps its own)."""
+    tiny_hf_model("llama").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    models = []
+    for prepare in (False, True):
+        model = LlamaForCausalLM(source.model_config, Communicator(Layout(1, 1), 0),
+                                 torch.bfloat16, "cpu")
+        load_weights(model, source, 0)
+        if prepare:
+            pack_linears(model)
+        models.append(model)
+    plain, prepared = models
+    projections = [m for m in prepared.modules() if hasattr(m, "packed")]
+    assert projections and all(m.weight is None and (m.packed is not None or m.widened is not None)
+                               for m in projections)
+    assert prepared.embed_tokens.weight is not None
+    tokens = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits = []
+    for model in models:
+        shape = model.kv_cache_shape(8, BLOCK_SIZE)
+        caches = [(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+                  for _ in model.layers]
+        logits += run_step(model, caches, [(PagedRequest(tokens, [3, 1, 6]), 12)])
+    assert_close_relative(logits[1], logits[0], 3e-2)
+
+
+@pytest.mark.unit
+def test_a_widened_bf16_weight_gives_the_bf16_product():
+    """The float32 copy's product, rounded back, is the bf16 product up to the order of
+    the sums: within one bf16 step of it."""
+    layer = ColumnParallelLinear(64, [96], Communicator(Layout(1, 1), 0), False, torch.bfloat16, "cpu")
+    torch.nn.init.normal_(layer.weight, 0.0, 0.1)
+    x = torch.randn(5, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    expected = torch.nn.functional.linear(x, layer.weight)
+    layer.widened, layer.weight = layer.weight.float(), None
+    out = linear(x, layer)
+    assert out.dtype == torch.bfloat16
+    assert ((out.float() - expected.float()).abs() <= expected.float().abs() / 128 + 1e-3).all()
 
 
 @pytest.mark.e2e

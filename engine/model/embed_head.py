@@ -60,7 +60,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, split like the embedding: local logits, then all-gathered."""
 
-    packed = bias = None
+    packed = widened = bias = None
 
     def forward(self, hidden):
         logits = self.comm.all_gather(linear(hidden, self), dim=-1)
