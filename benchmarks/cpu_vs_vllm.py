@@ -94,7 +94,14 @@ def summarize(rounds: list[dict], systems: list[System]) -> dict:
     for label, values in summary.items():
         if reference is not None:
             values["over_vllm"] = {key: values[key] / summary[reference][key] for key, _ in METRICS}
+            values["tok_s_over_vllm_by_round"] = by_round(rounds, label, reference)
     return summary
+
+
+def by_round(rounds: list[dict], label: str, reference: str) -> list[float]:
+    """Output tok/s over vLLM's in the same round, round by round."""
+    theirs = {r["round"]: r["output_throughput"] for r in rounds if r["system"] == reference}
+    return [r["output_throughput"] / theirs[r["round"]] for r in rounds if r["system"] == label]
 
 
 def show(rounds: list[dict], summary: dict) -> None:
@@ -112,6 +119,11 @@ def show(rounds: list[dict], summary: dict) -> None:
     Console(width=120).print(table)
     if ratios:
         print("out tok/s over vLLM above 1 is faster than vLLM; ITL, TTFT and TPOT below 1 are.")
+    for label, values in summary.items():
+        each = values.get("tok_s_over_vllm_by_round")
+        if each and not label.startswith("vllm:"):
+            print(f"{label}: out tok/s over vLLM's, round by round: "
+                  f"{', '.join(f'{x:.3f}' for x in each)} (spread {min(each):.3f}-{max(each):.3f})")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
