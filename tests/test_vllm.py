@@ -155,6 +155,8 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     assert server.finish() == 0, server.tail()
     body = report(run_dir)
     assert body["verdicts"] == []
+    # the API server's hook (MPClient.shutdown) said it stopped the job, before it did
+    assert (run_dir / "stopping.json").is_file()
     # vLLM 0.11 on 2 cores answers about 12 of these in the minute (12 on a quiet
     # machine here, 3 on a loaded one): 10 failed on load alone; 5 still says it served
     assert len(texts) >= 5 and set(texts) == {reference}, (
