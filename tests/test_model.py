@@ -142,6 +142,21 @@ def test_a_widened_bf16_weight_gives_the_bf16_product():
     assert ((out.float() - expected.float()).abs() <= expected.float().abs() / 128 + 1e-3).all()
 
 
+@pytest.mark.unit
+def test_a_bf16_projection_with_a_bias_prepared_once_gives_the_bf16_product():
+    """Packed or widened by pack_linears, as the CPU allows, a projection with a bias
+    (Qwen2's qkv) gives the plain bf16 product within one bf16 step."""
+    layer = ColumnParallelLinear(64, [96], Communicator(Layout(1, 1), 0), True, torch.bfloat16, "cpu")
+    torch.nn.init.normal_(layer.weight, 0.0, 0.1)
+    torch.nn.init.normal_(layer.bias, 0.0, 0.5)
+    x = torch.randn(5, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(4))
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    pack_linears(torch.nn.Sequential(layer))
+    out = linear(x, layer)
+    assert layer.weight is None and out.dtype == torch.bfloat16
+    assert ((out.float() - expected.float()).abs() <= expected.float().abs() / 128 + 1e-3).all()
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_hf_checkpoint_matches_transformers_through_paged_cache(tmp_path, kind):

@@ -35,8 +35,7 @@ def linear(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     if module.packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x, module.packed, module.bias, "none", [], "")
     if module.widened is not None:
-        bias = None if module.bias is None else module.bias.float()
-        return F.linear(x.float(), module.widened, bias).to(x.dtype)
+        return F.linear(x.float(), module.widened, module.bias).to(x.dtype)
     if _takes_gemv(x, module):
         from kernels.gemv import gemv
         return gemv(x, module.weight)
@@ -102,6 +101,8 @@ def pack_linears(model: nn.Module) -> None:
                 module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight, None)
             else:
                 module.widened = module.weight.float()
+                if module.bias is not None:
+                    module.bias = nn.Parameter(module.bias.float(), requires_grad=False)
             module.weight = None
 
 
