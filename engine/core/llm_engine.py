@@ -1,16 +1,12 @@
-"""LLMEngine: tokenizer + EngineCore + the detokenizer that applies stop strings.
-
-Detokenizing is incremental, as in vLLM: each step decodes a window of the
-last few tokens, from the start of the last text it released, so a step costs
-the same however long the output grew. Text is released up to the last
-complete character, and the stop strings are looked for in the new text only.
-"""
+"""LLMEngine: tokenizer + EngineCore + each request's detokenizer, which applies stop
+strings (detokenizer.py)."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.core.detokenizer import Detokenizer
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerStats
@@ -34,12 +30,9 @@ class RequestOutput:
 
 
 @dataclass
-class _Detokenizer:
+class _Request:
     output: RequestOutput
-    params: SamplingParams
-    sent_chars: int = 0
-    prefix_offset: int = 0       # the decoded window starts at this token...
-    read_offset: int = 0         # ...and its text up to this one is in output.text
+    detokenizer: Detokenizer
 
 
 class LLMEngine:
@@ -55,7 +48,7 @@ class LLMEngine:
                                  source.model_config.max_position_embeddings)
         self.tokenizer = source.tokenizer()
         self.core = EngineCore(config, source.model_config, self.max_model_len)
-        self._detok: dict[str, _Detokenizer] = {}
+        self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
@@ -73,11 +66,13 @@ class LLMEngine:
                              f"{self.max_model_len} (--max-model-len)")
         req_id = req_id or f"req-{next(self._ids)}"
         self.core.add_request(Request(req_id, token_ids, params, self.tokenizer.eos_token_ids))
-        self._detok[req_id] = _Detokenizer(RequestOutput(req_id, token_ids), params)
+        output = RequestOutput(req_id, token_ids)
+        detokenizer = Detokenizer(self.tokenizer.backend, params.stop, token_ids=output.token_ids)
+        self._requests[req_id] = _Request(output, detokenizer)
         return req_id
 
     def abort_request(self, req_id: str) -> None:
-        if self._detok.pop(req_id, None) is not None:
+        if self._requests.pop(req_id, None) is not None:
             self.core.abort_requests([req_id])
 
     def has_unfinished_requests(self) -> bool:
@@ -93,55 +88,25 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = []
         for core_output in self.core.step():
-            state = self._detok.get(core_output.req_id)
-            if state is None:
+            request = self._requests.get(core_output.req_id)
+            if request is None:
                 continue  # aborted while its batch was in flight
-            self._update(state, core_output)
-            if state.output.finished:
-                del self._detok[core_output.req_id]
-            outputs.append(state.output)
+            self._update(request, core_output)
+            if request.output.finished:
+                del self._requests[core_output.req_id]
+            outputs.append(request.output)
         return outputs
 
-    def _update(self, state: _Detokenizer, core_output) -> None:
-        out = state.output
+    def _update(self, request: _Request, core_output) -> None:
+        out = request.output
         out.new_token_ids = list(core_output.new_token_ids)
-        out.token_ids.extend(out.new_token_ids)
         out.finished, out.finish_reason = core_output.finished, core_output.finish_reason
-        searched = max(len(out.text) - max((len(s) - 1 for s in state.params.stop), default=0), 0)
-        out.text += self._new_text(state)
-        stop_at = _first_stop(out.text, state.params.stop, searched)
+        out.new_text, stop_at = request.detokenizer.add(out.new_token_ids, out.finished)
+        out.text = request.detokenizer.text
         if stop_at is not None:
-            out.text = out.text[:stop_at]
             if not out.finished:
                 self.core.abort_requests([out.req_id])
             out.finished, out.finish_reason = True, "stop"
-        ready = len(out.text) if out.finished else _releasable(out.text, state.params.stop)
-        out.new_text = out.text[state.sent_chars:ready]
-        state.sent_chars = max(state.sent_chars, ready)
-
-    def _new_text(self, state: _Detokenizer) -> str:
-        """The text the new tokens add: the window decoded, less the text of its part
-        already read. Held back while it ends in an unfinished character, unless the
-        request has finished."""
-        ids = state.output.token_ids
-        known = self.tokenizer.decode(ids[state.prefix_offset:state.read_offset])
-        window = self.tokenizer.decode(ids[state.prefix_offset:])
-        if len(window) <= len(known) or (window.endswith("\ufffd") and not state.output.finished):
-            return ""
-        state.prefix_offset, state.read_offset = state.read_offset, len(ids)
-        return window[len(known):]
 
     def shutdown(self) -> None:
         self.core.shutdown()
-
-
-def _releasable(text: str, stops: list[str]) -> int:
-    """How much of unfinished text may be streamed: hold back a possible start of a
-    stop string."""
-    return max(len(text) - max((len(s) - 1 for s in stops), default=0), 0)
-
-
-def _first_stop(text: str, stops: list[str], start: int) -> int | None:
-    """Where the first stop string in text[start:] begins."""
-    hits = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
-    return min(hits) if hits else None
