@@ -157,6 +157,20 @@ def test_a_bf16_projection_with_a_bias_prepared_once_gives_the_bf16_product():
     assert ((out.float() - expected.float()).abs() <= expected.float().abs() / 128 + 1e-3).all()
 
 
+@pytest.mark.unit
+def test_engine_widen_bf16_0_keeps_the_weights_bf16_where_they_would_be_widened(monkeypatch):
+    """A host short of memory keeps the bf16 weights (oneDNN then widens each at every
+    product); where the CPU has bf16 dot products they are packed all the same."""
+    monkeypatch.setenv("ENGINE_WIDEN_BF16", "0")
+    layer = ColumnParallelLinear(64, [96], Communicator(Layout(1, 1), 0), False, torch.bfloat16, "cpu")
+    pack_linears(torch.nn.Sequential(layer))
+    assert layer.widened is None
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert layer.weight is None and layer.packed is not None
+    else:
+        assert layer.weight.dtype == torch.bfloat16 and layer.packed is None
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_hf_checkpoint_matches_transformers_through_paged_cache(tmp_path, kind):

@@ -9,6 +9,8 @@ projection that `linear` computes declares `packed` and `widened` for them.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,10 +92,13 @@ def pack_linears(model: nn.Module) -> None:
     less). Without them (AVX2) oneDNN widens the weight to float32 at every product: it
     is widened once instead, and the product, summed in float32 as oneDNN's is, rounded
     back to bfloat16 (the LM head at 16 rows on an AVX2 EPYC: 27.7 ms, now 15.5; twice
-    the weight's memory). The plain weight is dropped; a tied embedding keeps its own."""
+    the weight's memory: ENGINE_WIDEN_BF16=0 keeps them bfloat16, for a host short of
+    memory). The plain weight is dropped; a tied embedding keeps its own."""
     if not torch.backends.mkldnn.is_available():
         return
     pack = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if not pack and os.environ.get("ENGINE_WIDEN_BF16", "1") == "0":
+        return
     for module in model.modules():
         if (hasattr(module, "packed")
                 and module.weight.device.type == "cpu" and module.weight.dtype == torch.bfloat16):
