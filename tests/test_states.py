@@ -46,10 +46,44 @@ def summary(verdicts):
     return [(v.kind, v.culprit_ranks, v.victim_ranks) for v in verdicts]
 
 
-def test_without_states_both_ranks_inside_the_step_are_named_as_before():
-    """The tie #24 reported: by positions alone, neither waits on the other."""
+def test_without_states_both_ranks_inside_the_step_share_one_verdict():
+    """The tie #24 reported: by positions alone, neither waits on the other. One
+    of them holds the other, and nothing says which: one verdict names both, never
+    each as the one culprit."""
     job, _ = both_inside_step()
-    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.STUCK_IN_PHASE, [0, 1], [])]
+    assert verdicts[0].summary.startswith(
+        "ranks 0-1 are both stuck in execute_model at step 3 for 3 s with nothing pending: "
+        "one of them holds the other, and nothing they were seen doing says which"), \
+        verdicts[0].summary
+    assert "the driver waits on them" in verdicts[0].summary
+    assert set(verdicts[0].evidence["each"]) == {"0", "1"}
+
+
+def test_four_tp_peers_tied_in_the_step_share_one_verdict():
+    """tp=4, all inside step 3 with nothing pending; rank 2 is seen waiting in the
+    all-reduce, the others are not sampled. A rank seen waiting waits only on peers
+    seen doing something else (graph.py), so all four stay roots: one verdict names
+    them, and its states say which of them was seen waiting."""
+    job = Job(tp=4, pp=1)
+    t = job.everyone_started()
+    for step in range(3):
+        job.driver_step(step, t, t + 0.1)
+        for rank in range(4):
+            compiled_step(job, rank, step, t, t + 0.09)
+        t += 0.12
+    job.driver_step(3, t, None)
+    for rank in range(4):
+        compiled_step(job, rank, 3, t, None)
+    job.now = t + 3.0
+    sample(job, 2, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+    verdicts = analyze(job.snapshot())
+    assert [(v.kind, v.culprit_ranks) for v in verdicts] == [(VerdictKind.STUCK_IN_PHASE, [0, 1, 2, 3])]
+    assert " are all stuck in execute_model at step 3 " in verdicts[0].summary
+    assert "one of them holds the others" in verdicts[0].summary
+    states = verdicts[0].evidence["states"]
+    assert states["2"].startswith("collective at ") and states["0"] == "not sampled: positions only"
 
 
 @pytest.mark.parametrize("culprit_frames,culprit_activity", [
@@ -68,7 +102,7 @@ def test_a_sample_taken_before_the_rank_last_moved_is_not_trusted():
     job, t = both_inside_step()
     sample(job, 0, Activity.SLEEPING, SLEEPING, t - 1.0)      # before step 3 began
     sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
-    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+    assert [v.culprit_ranks for v in analyze(job.snapshot())] == [[0, 1]]
 
 
 def test_the_rank_table_shows_only_the_samples_the_analysis_trusts():
@@ -85,7 +119,7 @@ def test_two_ranks_both_waiting_in_the_collective_name_no_single_culprit():
     job, t = both_inside_step()
     for rank in (0, 1):
         sample(job, rank, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
-    assert sorted(v.culprit_ranks for v in analyze(job.snapshot())) == [[0], [1]]
+    assert [v.culprit_ranks for v in analyze(job.snapshot())] == [[0, 1]]
 
 
 def test_a_healthy_run_with_samples_has_no_verdict():
@@ -249,7 +283,7 @@ def test_a_tp_peer_held_by_a_dump_excuses_its_tied_peer_and_overlaps_count_once(
     snapshot.paused = [Pause(0, t + 0.5, t + 6.5), Pause(1, t + 5.5, t + 6.5)]
     assert analyze(snapshot) == []
     snapshot.paused = [Pause(0, t + 0.5, t + 2.5), Pause(1, t + 1.5, t + 2.5)]
-    assert sorted(v.culprit_ranks for v in analyze(snapshot)) == [[0], [1]]
+    assert [v.culprit_ranks for v in analyze(snapshot)] == [[0, 1]]
 
 
 def test_a_compile_does_not_hide_a_death():
@@ -267,7 +301,7 @@ def test_while_states_are_sampled_a_tie_waits_for_its_samples_then_falls_back():
     job.now = t + 13.0
     later = job.snapshot()
     later.sampling = True
-    assert sorted(v.culprit_ranks for v in analyze(later)) == [[0], [1]]
+    assert [v.culprit_ranks for v in analyze(later)] == [[0, 1]]
     states = analyze(later)[0].evidence["states"]
     assert set(states.values()) == {"not sampled: positions only"}
 
@@ -281,9 +315,9 @@ def test_where_ptrace_is_refused_a_tie_falls_back_to_positions_at_once_and_says_
     live = job.snapshot()
     live.sampling = True
     verdicts = analyze(live)
-    assert sorted(v.culprit_ranks for v in verdicts) == [[0], [1]]
-    assert verdicts[0].evidence["states"][str(verdicts[0].culprit_ranks[0])].startswith(
-        "unreadable (py-spy may not read")
+    assert [v.culprit_ranks for v in verdicts] == [[0, 1]]
+    assert all(verdicts[0].evidence["states"][rank].startswith("unreadable (py-spy may not read")
+               for rank in ("0", "1"))
 
 
 def startup_tie() -> tuple[Job, float]:

@@ -6,7 +6,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import asdict
 
-from diagnose.analysis.doing import sample_wait, states_evidence, waits_for_absent
+from diagnose.analysis.doing import sample_wait, states_evidence, tied_peers, waits_for_absent
 from diagnose.analysis.graph import reachers, terminal_components, waited_by
 from diagnose.analysis.outside import stack_text
 from diagnose.analysis.position import (current_step, device_progress, entered_step, innermost,
@@ -24,19 +24,61 @@ from diagnose.core.vocab import MILESTONES, P2P_OPS, STARTUP_PHASES, Phase, Role
 
 def root_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLimits,
                   named: set[int]) -> list[Verdict]:
-    """One verdict for each root of the wait-for graph that has stalled."""
+    """One verdict for each root of the wait-for graph that has stalled; one for
+    each set of stalled roots tied by positions."""
     found, reverse = [], waited_by(graph)
+    stuck: dict[int, tuple[Verdict, set[Node]]] = {}    # worker roots stuck in their step
     for component in terminal_components(graph):
         if component & (named | set(view.deaths)):
             continue
         victims = reachers(reverse, component)
         if len(component) == 1:
-            verdict = _single_root(view, next(iter(component)), victims, limits)
+            node = next(iter(component))
+            verdict = _single_root(view, node, victims, limits)
+            if verdict is not None and node != DRIVER and verdict.kind == VerdictKind.STUCK_IN_PHASE:
+                stuck[node] = (verdict, victims)
+                continue
         else:
             verdict = _cycle_root(view, component, victims, limits)
         if verdict is not None:
             found.append(verdict)
+    found += _ties(view, stuck)
     return sorted(found, key=lambda verdict: -(verdict.detected_after_s or 0.0))
+
+
+def _ties(view: View, stuck: dict[int, tuple[Verdict, set[Node]]]) -> list[Verdict]:
+    """The verdicts of stuck roots, those tied with each other by positions
+    (doing.tied_peers: TP peers inside the same step, nothing pending) made one:
+    one of them holds the others, and where no sample said which, naming each as
+    the one culprit would name victims."""
+    verdicts, placed = [], set()
+    for rank in sorted(stuck):
+        if rank in placed:
+            continue
+        tie = [rank] + [peer for peer in tied_peers(view, rank) if peer in stuck]
+        placed.update(tie)
+        verdicts.append(stuck[rank][0] if len(tie) == 1 else
+                        _tie_verdict(view, {member: stuck[member] for member in tie}))
+    return verdicts
+
+
+def _tie_verdict(view: View, tie: dict[int, tuple[Verdict, set[Node]]]) -> Verdict:
+    members = sorted(tie)
+    victims = set().union(*(waiting for _, waiting in tie.values())) - set(members)
+    each = [verdict for verdict, _ in tie.values()]
+    first = view.ranks[members[0]]
+    stall = min(verdict.detected_after_s for verdict in each)
+    both = len(members) == 2
+    words = Words().culprit(rank_list(members)).add(
+        f" are {'both' if both else 'all'} {where(first)}{step_text(first)} for {stall:.0f} s "
+        f"with nothing pending: one of them holds the {'other' if both else 'others'}, and "
+        f"nothing they were seen doing says which").waiting(victims, on="them")
+    evidence = {"tied": members, "states": states_evidence(view, ranks_of(victims) + members),
+                "each": {str(rank): tie[rank][0].evidence for rank in members}}
+    return Verdict(kind=VerdictKind.STUCK_IN_PHASE, culprit_ranks=members,
+                   victim_ranks=ranks_of(victims), summary=words.text, spans=words.spans,
+                   phase=each[0].phase, step=each[0].step, detected_after_s=stall,
+                   evidence=evidence)
 
 
 def _single_root(view: View, node: Node, victims: set[Node], limits: StallLimits) -> Verdict | None:

@@ -29,14 +29,15 @@ class Words:
     def culprit(self, text: str) -> Words:
         return self.add(text, Mention.CULPRIT)
 
-    def waiting(self, victims: set[Node], exclude: set[Node] = frozenset()) -> Words:
+    def waiting(self, victims: set[Node], exclude: set[Node] = frozenset(),
+                on: str = "it") -> Words:
         """'; ranks 0-5 and the driver wait on it', or nothing without victims."""
         ranks = [rank for rank in ranks_of(victims) if rank not in exclude]
         driver = DRIVER in victims
         if not ranks and not driver:
             return self
         return self.add("; ").add(rank_list(ranks, driver), Mention.VICTIMS).add(
-            f" {verb(ranks + [DRIVER] * driver)} on it")
+            f" {verb(ranks + [DRIVER] * driver)} on {on}")
 
 
 def who(view: View, node: Node) -> str:
