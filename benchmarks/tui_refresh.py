@@ -60,9 +60,21 @@ class StillSource:
 
     def __init__(self, snapshot: Snapshot, verdicts) -> None:
         self.fixed, self.fixed_verdicts = snapshot, verdicts
+        self.run_dir = snapshot.run_dir
+
+    live = False
 
     def judged(self) -> Judged:
         return Judged(self.fixed, tuple(self.fixed_verdicts))
+
+    def command(self) -> None:
+        return None
+
+    def request_dump(self) -> list[str]:
+        return []
+
+    def py_spy(self, pid: int, native: bool) -> None:
+        return None
 
 
 async def time_refreshes(snapshot: Snapshot, verdicts, refreshes: int) -> list[float]:

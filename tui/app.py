@@ -41,6 +41,7 @@ class Source(Protocol):
     def py_spy(self, pid: int, native: bool): ...
     def command(self) -> list[str] | None: ...
     live: bool      # its ranks may still run (not dumps read once)
+    run_dir: str
 
 
 class Controller(Protocol):
