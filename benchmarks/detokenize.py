@@ -36,9 +36,9 @@ def token_rows(backend, batch: int, steps: int) -> list[list[int]]:
 class Before:
     """The engine's detokenizing before detokenizer.py, one request's share of it."""
 
-    def __init__(self, backend, stops: list[str]):
+    def __init__(self, backend, stops: list[str], token_ids: list[int] | None = None):
         self.decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
-        self.stops, self.token_ids, self.text = stops, [], ""
+        self.stops, self.token_ids, self.text = stops, [] if token_ids is None else token_ids, ""
         self.sent_chars = self.prefix_offset = self.read_offset = 0
 
     def add(self, new_token_ids: list[int], finished: bool) -> tuple[str, int | None]:
