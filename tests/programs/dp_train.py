@@ -9,7 +9,7 @@ import torch.distributed as dist
 import toy_steps
 
 STEPS = int(os.environ.get("TOY_STEPS", "40"))
-STEP_S = 0.05
+STEP_S = float(os.environ.get("TOY_STEP_S", "0.05"))   # a sleep after each step
 
 
 def main():
