@@ -123,8 +123,7 @@ def _row(entry: dict, found: RankEntries, previous: dict[str, tuple],
     if type(state) is not str or created is None:
         raise BadEntry("no state or no time_created_ns")
     completed = _seconds(get("time_discovered_completed_ns"))
-    started = _seconds(get("time_discovered_started_ns"))
-    newest = max(created, completed or 0.0, started or 0.0)
+    newest = max(created, completed or 0.0, _seconds(get("time_discovered_started_ns")) or 0.0)
     if found.newest is None or newest > found.newest:
         found.newest = newest
     name = _text(pg[0])
@@ -197,6 +196,8 @@ def _shared(key, value):
 
 def _dtypes(value) -> str:
     """'Float' for ['Float'], 'Float,Half' for several, as given for a string."""
+    if type(value) is list and len(value) == 1 and type(value[0]) is str:
+        return sys.intern(value[0])
     if value is None:
         return ""
     if type(value) is str:
