@@ -17,6 +17,7 @@ from tui.app import DiagApp
 from tui.grid_model import DEAD, EXITED, build_grid
 from tui.help_screen import HelpScreen
 from tui.quit_screen import QuitScreen
+from tui.rank_detail import RankDetail
 from tui.rank_grid import RankGrid
 
 
@@ -131,3 +132,31 @@ async def test_q_on_a_job_that_is_over_quits_without_asking():
         await pilot.pause()
         assert not isinstance(app.screen, QuitScreen) and not app.is_running
     assert controller.calls == []
+
+
+def footer_keys(app: DiagApp) -> list:
+    return list(app.screen.query("FooterKey"))
+
+
+@pytest.mark.anyio
+async def test_the_footer_is_built_again_only_when_the_keys_it_offers_change():
+    source = SyntheticSource(rank6_never_reached())
+    app = DiagApp(source, RecordingController())
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await pilot.pause()
+        before = footer_keys(app)
+        assert "Restart" in {key.description for key in before}
+        await pilot.press("enter")                   # the detail takes the focus
+        await pilot.pause()
+        assert isinstance(app.focused, RankDetail)
+        assert footer_keys(app) == before            # the same widgets: nothing built again
+        source.fixed = ended_cleanly(source.run_dir)  # the job ends: Restart can act no more
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.job_over:
+                break
+        await pilot.pause()
+        after = {key.description: key for key in footer_keys(app)}
+        assert "Restart" not in after and {"Help", "Detail", "Quit"} <= set(after)
+        assert not set(after.values()) & set(before)

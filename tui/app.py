@@ -12,7 +12,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 from textual.worker import Worker, WorkerState
 
 from diagnose.core.output import addresses
@@ -20,6 +20,7 @@ from diagnose.core.shown import shown
 from diagnose.core.snapshot import Judged, Snapshot, Verdict
 from tui.grid_model import build_grid, default_selection
 from tui.help_screen import HELP_KEYS, HelpScreen
+from tui.key_footer import KeyFooter
 from tui.log_files import LogTail, read_log_tail, read_output_tail
 from tui.output_pane import OutputPane
 from tui.quit_screen import STOP, QuitScreen
@@ -112,7 +113,7 @@ class DiagApp(App):
         yield OutputPane(id="output")
         yield Input(placeholder="filter by ranks (6, or 0-3,6), state (waiting, culprit, ...) or phase; "
                                 "empty clears", id="filter")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one(RankGrid).focus()
