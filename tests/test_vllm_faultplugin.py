@@ -28,6 +28,15 @@ class Worker:
         return f"ran {output}"
 
 
+class SchedulerOutput:
+    """What the wrapper reads of vLLM's SchedulerOutput: how many tokens it runs."""
+    def __init__(self, tokens: int):
+        self.total_num_scheduled_tokens = tokens
+
+    def __str__(self) -> str:
+        return f"{self.total_num_scheduled_tokens} tokens"
+
+
 def test_a_spec_of_several_faults_is_read_whole():
     assert parse("rank=1,call=3,kind=sleep;rank=2,call=30,kind=assert,seconds=5") == [
         Fault(1, 3, "sleep"), Fault(2, 30, "assert", 5.0)]
@@ -75,6 +84,19 @@ def test_with_after_it_fires_once_at_the_first_call_that_finds_the_file(monkeypa
     with pytest.raises(RuntimeError, match="rank 1 raised at call 2"):   # the spec's call
         execute(Worker(1), 4)
     assert [execute(Worker(1), step) for step in (5, 6)] == ["ran 5", "ran 6"]
+
+
+def test_with_after_it_skips_a_batch_of_no_tokens(monkeypatch, tmp_path):
+    """vLLM's engine core sends empty batches with pp > 1: no peer would wait there."""
+    monkeypatch.setattr(hs_test_faults, "_calls", 0)
+    go = tmp_path / "go"
+    go.touch()
+    execute = hs_test_faults._with_faults(
+        Worker.execute_model, parse(f"rank=1,call=1,kind=raise,after={go}"))
+    empty, batch = SchedulerOutput(0), SchedulerOutput(3)
+    assert execute(Worker(1), empty) == f"ran {empty}"
+    with pytest.raises(RuntimeError, match="rank 1 raised at call 1"):
+        execute(Worker(1), batch)
 
 
 def test_it_is_inert_without_its_variable(monkeypatch):

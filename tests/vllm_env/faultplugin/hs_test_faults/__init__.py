@@ -6,7 +6,9 @@ plugin, inert unless HS_TEST_FAULT is set.
 On the worker of rank `rank` in DP rank `dp` (default 0: vLLM numbers each DP
 rank's workers from 0), at its `call`-th Worker.execute_model (1 is
 the first; with `after`, the first call from the `call`-th on at which the file
-PATH exists, so that a test picks the moment), before vLLM's own execute_model runs:
+PATH exists and that has tokens to run, so that a test picks the moment and the
+rank's peers have a step to wait in: with pp > 1 vLLM's engine core also sends
+batches of no tokens), before vLLM's own execute_model runs:
 
     sleep    block for `seconds` (default 3600), as a rank stuck inside a step
     raise    raise RuntimeError, which vLLM's worker loop catches and returns
@@ -76,8 +78,9 @@ def _with_faults(original, faults: list[Fault]):
     def execute_model(self, *args, **kwargs):
         global _calls
         _calls += 1
+        work = _has_work(args[0] if args else kwargs.get("scheduler_output"))
         for fault in faults:
-            if fault.rank == self.rank and fault.dp == _dp_rank(self) and _due(fault):
+            if fault.rank == self.rank and fault.dp == _dp_rank(self) and _due(fault, work):
                 _fired.add(fault)
                 _fire(fault)
         return original(self, *args, **kwargs)
@@ -93,10 +96,15 @@ def _dp_rank(worker) -> int:
                getattr(parallel, "data_parallel_index", 0))
 
 
-def _due(fault: Fault) -> bool:
+def _has_work(scheduler_output) -> bool:
+    return getattr(scheduler_output, "total_num_scheduled_tokens", 1) > 0
+
+
+def _due(fault: Fault, work: bool) -> bool:
     if fault.after is None:
         return fault.call == _calls
-    return fault not in _fired and _calls >= fault.call and os.path.exists(fault.after)
+    return (work and fault not in _fired and _calls >= fault.call
+            and os.path.exists(fault.after))
 
 
 def _fire(fault: Fault) -> None:
