@@ -123,7 +123,8 @@ def _row(entry: dict, found: RankEntries, previous: dict[str, tuple],
     if type(state) is not str or created is None:
         raise BadEntry("no state or no time_created_ns")
     completed = _seconds(get("time_discovered_completed_ns"))
-    newest = max(created, completed or 0.0, _seconds(get("time_discovered_started_ns")) or 0.0)
+    started = _seconds(get("time_discovered_started_ns"))
+    newest = max(created, completed or 0.0, started or 0.0)
     if found.newest is None or newest > found.newest:
         found.newest = newest
     name = _text(pg[0])
