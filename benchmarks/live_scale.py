@@ -22,7 +22,9 @@ work competes with the head's, and the table says the machine and its load.
 on the same ranks: an agent's report (to JSON) and the head's applying it, whole,
 as a healthy step's delta and as a hung node's (three seconds into the hang);
 the head writing every node file, and one poll of the head (merging the nodes it
-holds, the analysis); `diag tui` reading the node files, and again unchanged.
+holds, the analysis); the analysis of a head behind its reports while the ranks
+step (half the nodes a step behind the others, the driver two steps ahead);
+`diag tui` reading the node files, and again unchanged.
 Writes benchmarks/results/live_passes.json.
 """
 from __future__ import annotations
@@ -262,10 +264,13 @@ def passes(args) -> dict:
             nodes.JSON.decode(body), known.get(node), groups))
         writer.applied(known[node].seq)
 
+    lagging: dict[int, Known] = {}      # odd nodes a step behind the even ones
     for node in range(1, args.nodes + 1):
         synth, writer = NodeRanks(plan, node), ReportWriter()
         report(node, writer, synth.snapshot(healthy).ranks, "whole")
+        lagging[node] = known[node]
         report(node, writer, synth.snapshot(healthy + plan.step_s).ranks, "healthy_delta")
+        lagging[node] = lagging[node] if node % 2 else known[node]
         synth.snapshot(hung - POLL_S)
         report(node, writer, synth.snapshot(hung - POLL_S).ranks, "hung_delta_warmup")
         report(node, writer, synth.snapshot(hung).ranks, "hung_delta")
@@ -285,12 +290,18 @@ def passes(args) -> dict:
         _timed(spent, "files_read_s", lambda: files.read(run_dir))
         _timed(spent, "files_read_again_s", lambda: files.read(run_dir))
     verdicts = _timed(spent, "poll_analyze_s", lambda: analyze(snapshot))
+    behind = nodes.merge(Snapshot(taken_at=healthy + 2 * plan.step_s, run_dir="lagging", ranks={},
+                                  driver=driver(plan, healthy + 2 * plan.step_s)),
+                         [nodes.NodeView(nodes.NodeReport(node, received_at=healthy), state.states)
+                          for node, state in lagging.items()], [])
+    lagging_verdicts = _timed(spent, "poll_analyze_lagging_s", lambda: analyze(behind))
     per_node = {name: value / args.nodes for name, value in spent.items()
                 if name.startswith(("agent_", "head_")) and name != "head_save_all_s"}
     return {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": world,
             "report_kb": {kind: total / args.nodes / 1e3 for kind, total in size.items()},
             **per_node, **{name: value for name, value in spent.items() if name not in per_node},
             "verdicts": len(verdicts), "verdict": verdicts[0].summary if verdicts else None,
+            "lagging_verdicts": [verdict.summary for verdict in lagging_verdicts],
             "machine": machine(), "load": os.getloadavg()}
 
 

@@ -1,6 +1,8 @@
 """Where a process is in its phases and steps, and when it last moved."""
 from __future__ import annotations
 
+import heapq
+
 from diagnose.analysis.view import DRIVER, Node, View
 from diagnose.core.layout import tp_group_name
 from diagnose.core.snapshot import PhaseEvent, RankState
@@ -168,8 +170,13 @@ def ring_behind(view: View, rank: int) -> bool:
     if driver is None or phase is None or phase.name != Phase.DEQUEUE:
         return False
     read = state.ring_read
-    return read < driver.ring_written and any(
-        other.ring_read > read for peer, other in view.ranks.items() if peer != rank)
+    return read < driver.ring_written and _most_read_by_another(view, rank) > read
+
+
+def _most_read_by_another(view: View, rank: int) -> int:
+    top = view.memo("ring reads", lambda: heapq.nlargest(
+        2, ((state.ring_read, other) for other, state in view.ranks.items())))
+    return max((read for read, other in top if other != rank), default=-1)
 
 
 def phase_name(state: RankState) -> str | None:

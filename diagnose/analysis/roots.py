@@ -206,13 +206,25 @@ def _stalled_since(view: View, node: Node, victims: set[Node]) -> float:
     since = last_progress(state)
     if node != DRIVER and ring_behind(view, node):
         done = last_step(state)
-        starts = [event.start for other, peer in view.ranks.items() if other != node
-                  for event in peer.phases + peer.open_phases
-                  if event.name == Phase.EXECUTE_MODEL and event.step is not None
-                  and (done is None or event.step > done)]
+        firsts = view.memo("step starts", lambda: _first_step_starts(view))
+        starts = [next((at for at, rank in first if rank != node), None)
+                  for step, first in firsts.items() if done is None or step > done]
+        starts = [start for start in starts if start is not None]
         if starts:
             since = max(since, min(starts))
     return since
+
+
+def _first_step_starts(view: View) -> dict[int, list[tuple[float, int]]]:
+    """For each step, the two ranks that began its execute_model first: (start, rank)."""
+    starts: dict[int, dict[int, float]] = defaultdict(dict)
+    for rank, state in view.ranks.items():
+        for event in state.phases + state.open_phases:
+            if event.name == Phase.EXECUTE_MODEL and event.step is not None:
+                began = starts[event.step]
+                began[rank] = min(event.start, began.get(rank, event.start))
+    return {step: heapq.nsmallest(2, ((at, rank) for rank, at in began.items()))
+            for step, began in starts.items()}
 
 
 def _root_kind(view: View, node: Node) -> tuple[VerdictKind, str | None, int | None]:
