@@ -67,13 +67,15 @@ from diagnose.analysis.straggler import straggler_verdicts
 from diagnose.analysis.thresholds import StallLimits, Thresholds
 from diagnose.analysis.timeline import recent, rewind, stopped
 from diagnose.analysis.view import Node, View, driver_left, shutdown_starts
+from diagnose.core.heap import gc_paused
 from diagnose.core.snapshot import Snapshot, Verdict
 
 
 def analyze(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
     """Verdicts, the most likely root cause first; an empty list means healthy."""
     snapshot = stopped(snapshot)
-    verdicts = fold_consequences(_judge(recent(snapshot), thresholds or Thresholds()))
+    with gc_paused(freeze=False):   # its indexes: many objects, made at once (heap.py)
+        verdicts = fold_consequences(_judge(recent(snapshot), thresholds or Thresholds()))
     lost = [node for node in snapshot.nodes if node.lost]
     if lost:
         verdicts = node_lost_verdicts(lost, verdicts, snapshot.taken_at)

@@ -23,6 +23,7 @@ from diagnose.cli.launch import add_launch
 from diagnose.cli.offline import add_logs, add_synth
 from diagnose.cli.runs import add_demo, add_dump, add_tui
 from diagnose.cli.version import package_version
+from diagnose.core.heap import tune_for_large_heaps
 from diagnose.core.shown import shown
 
 __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_VERDICTS",
@@ -56,6 +57,7 @@ def _exit_on_signal(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _exit_on_signal)
+    tune_for_large_heaps()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -44,6 +44,7 @@ from diagnose.core.listener import Listener
 from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.groups import GroupReader
+from diagnose.core.heap import gc_paused
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot
 from diagnose.launch.node_delta import Known, ReportWriter
@@ -364,7 +365,8 @@ class NodeFiles:
                 refused.append(f"{name}: {error.strerror}")
                 continue
             if self._read.get(name, (None,))[0] != stamp:
-                self._read[name] = (stamp, *self._decode(path, name))
+                with gc_paused(freeze=False):     # a thousand ranks' states, made at once
+                    self._read[name] = (stamp, *self._decode(path, name))
             _, node, problem = self._read[name]
             if node is None:
                 refused.append(problem)

@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from diagnose.core.heap import tune_for_large_heaps
 from diagnose.core.snapshot import RankState, Snapshot
 from diagnose.core.vocab import STARTUP_PHASES, Phase, Role
 from diagnose.launch.launcher import POLL_S
@@ -185,6 +186,7 @@ def run_node(plan: Plan, head: str, node_rank: int, run_dir: str) -> int:
     """A real agent reporting NodeRanks every launcher poll until the head stops it;
     run_dir is where it carries out the head's dump requests (no rank writes there)."""
     from diagnose.launch.roles import Agent
+    tune_for_large_heaps()           # as `diag launch` does for a real agent
     ranks = NodeRanks(plan, node_rank)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.makedirs(run_dir, exist_ok=True)
