@@ -29,6 +29,7 @@ def test_a_rank_that_imports_the_probe_keeps_pythons_thresholds():
 
 
 def test_a_long_running_pause_freezes_nothing_and_collects_again():
+    gc.enable()           # an earlier test's library may have left it off (torch's FR analyzer)
     frozen = gc.get_freeze_count()
     with gc_paused(freeze=False):
         assert not gc.isenabled()
@@ -38,6 +39,7 @@ def test_a_long_running_pause_freezes_nothing_and_collects_again():
 
 
 def test_a_pause_for_a_short_process_freezes_what_it_made():
+    gc.enable()
     frozen = gc.get_freeze_count()
     try:
         with gc_paused():
