@@ -29,13 +29,14 @@ def gc_paused(freeze: bool = True):
     """While such objects are made, the cyclic GC would only scan the growing
     heap again and again (two thirds of the time of reading 128 Flight Recorder
     dumps of 2000 entries, a quarter to a third of the analysis of 16,384
-    dumps, half of a live head's analysis of 16,384 ranks); once made, it would
-    walk them three times more as they age through its generations (3.6 s after
-    reading 1024 dumps). So it is paused, and with `freeze` what lives then is
-    frozen out of its reach (gc.freeze: still freed when no longer referenced):
-    for a process that ends soon after, as `diag analyze`. A long-running one
-    (the head, the TUI) does not freeze: its later cyclic garbage would never be
-    collected. Nested, the inner one only freezes, if asked to."""
+    dumps, nearly half of a live head's analysis of 8,192 ranks under the
+    thresholds above); once made, it would walk them three times more as they
+    age through its generations (3.6 s after reading 1024 dumps). So it is
+    paused, and with `freeze` what lives then is frozen out of its reach
+    (gc.freeze: still freed when no longer referenced): for a process that ends
+    soon after, as `diag analyze`. A long-running one (the head, the TUI) does
+    not freeze: its later cyclic garbage would never be collected. Nested, the
+    inner one only freezes, if asked to."""
     enabled = gc.isenabled()
     gc.disable()
     try:
