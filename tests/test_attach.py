@@ -20,7 +20,8 @@ from diagnose.attach.live import AttachSource
 from diagnose.attach.run import AttachOptions, attach, write_run_dir
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.py_spy import py_spy_dump
-from helpers.run import REPO, diag, diag_process, torchrun, wait_for
+from helpers.run import (REPO, attach_until_verdict, diag_process, timed_diag, torchrun,
+                         wait_for)
 from tui.app import DiagApp
 
 pytestmark = pytest.mark.e2e
@@ -73,13 +74,6 @@ class Job:
         psutil.wait_procs(left, timeout=10)
         self.proc.wait(30)
         self.shm.remove_leftovers()
-
-
-def timed_diag(*args, **kwargs) -> tuple[subprocess.CompletedProcess, float]:
-    """diag's result, and the seconds it took."""
-    start = time.monotonic()
-    done = diag(*args, timeout=120, **kwargs)
-    return done, time.monotonic() - start
 
 
 def diag_until(path, *args, timeout=120):
@@ -136,8 +130,7 @@ def test_engine_rank_blocked_before_execute_model(tmp_path):
         job.wait_for_line("attach fault: rank 6 blocks before execute_model", timeout=240)
         time.sleep(2.0)                      # its peers go on into the step and wait there
         before = {proc.pid for proc in job.processes()}
-        run_dir = tmp_path / "attach"
-        done, took = timed_diag("attach", str(job.proc.pid), "--run-dir", str(run_dir), "--json")
+        done, took, tries = attach_until_verdict(job.proc.pid, tmp_path)
         TIMES["engine tp2 pp4, rank 6 blocked"] = took
         assert done.returncode == 1, done.stderr
         body = json.loads(done.stdout)
@@ -146,7 +139,7 @@ def test_engine_rank_blocked_before_execute_model(tmp_path):
         assert took < VERDICT_WITHIN_S
         # read-only: every process still runs, and generate has not finished
         assert {proc.pid for proc in job.processes()} == before and job.proc.poll() is None
-        again, _ = timed_diag("analyze", str(run_dir), "--json")
+        again, _ = timed_diag("analyze", tmp_path / f"attach-{tries}", "--json")
         assert again.returncode == 1 and culprits(json.loads(again.stdout)) == [[6]]
     finally:
         job.end()

@@ -67,6 +67,30 @@ def test_a_rank_moved_when_its_python_frames_changed():
     assert (moving.moved(), moving.moved_at()) == (True, 3.0)
 
 
+def test_a_rank_polling_its_ring_for_work_does_not_move():
+    """Our engine's ring wait sleeps 2 ms between looks: dumps catch its loop at
+    different lines, and on a loaded machine the looks pass 2% of a core."""
+    polling = Samples(busy=True)
+    for at, line in ((1.0, 150), (2.0, 146), (3.0, 150)):
+        inner = ["worker/shm_ring.py:42 _Backoff.wait"] if line == 150 else []
+        polling.taken.append(Sample(at, {"MainThread": [
+            "worker/worker.py:139 _busy_loop", "worker/shm_ring.py:139 ShmRing.dequeue",
+            f"worker/shm_ring.py:{line} ShmRing._read_chunk", *inner]}))
+    assert (polling.moved(), polling.moved_at()) == (False, 1.0)
+    polling.taken.append(Sample(4.0, {"MainThread": [        # the next message came: a step
+        "worker/worker.py:140 _busy_loop", "worker/worker.py:85 execute_model"]}))
+    assert (polling.moved(), polling.moved_at()) == (True, 4.0)
+
+
+def test_a_wait_entered_from_another_call_site_is_a_move():
+    samples = Samples()
+    for at, line in ((1.0, 100), (2.0, 100), (3.0, 120)):
+        samples.taken.append(Sample(at, {"MainThread": [
+            f"engine/communicator.py:{line} Communicator.all_reduce",
+            "distributed/distributed_c10d.py:3252 all_reduce"]}))
+    assert (samples.moved(), samples.moved_at()) == (True, 3.0)
+
+
 def test_the_refusal_names_what_would_allow_it():
     line = refusal(42, 0, "rank 3")
     assert line.startswith("may not read the stacks of pid 42 (rank 3): ptrace is not permitted")

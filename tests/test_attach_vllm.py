@@ -19,7 +19,7 @@ import pytest
 
 from helpers.vllm_serving import Server, serve_command, vllm_missing
 
-from helpers.run import diag, free_port
+from helpers.run import attach_until_verdict, free_port, timed_diag
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(vllm_missing(), reason="real vLLM is not installed here: "
@@ -53,25 +53,6 @@ def end(server: Server, pids: set[int]) -> None:
     server.finish(timeout=60)
 
 
-def attach_until_verdict(pid: int, tmp_path: Path, tries: int = 3):
-    """(the attach, its seconds, how many attaches it took). A peer still on its way
-    into the step's wait is seen moving, and attach then rightly says the job
-    progresses (exit 0): as a user would, attach again 2 s later, up to `tries`
-    times. A verdict, right or wrong, ends the tries."""
-    for attempt in range(1, tries + 1):
-        done, took = attach(pid, tmp_path / f"attach-{attempt}")
-        if done.returncode != 0 or not json.loads(done.stdout)["attach"]["moving"]:
-            break
-        time.sleep(2.0)
-    return done, took, attempt
-
-
-def attach(pid: int, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
-    start = time.monotonic()
-    done = diag("attach", pid, "--run-dir", run_dir, "--json")
-    return done, time.monotonic() - start
-
-
 def test_vllm_tp2_pp2_healthy_then_rank_asleep_inside_execute_model(checkpoint, cache, tmp_path):
     port = free_port()
     go = tmp_path / "go"
@@ -84,7 +65,8 @@ def test_vllm_tp2_pp2_healthy_then_rank_asleep_inside_execute_model(checkpoint, 
         server.wait_ready(READY_S)
         server.keep_busy(stop, [])
         time.sleep(2.0)                     # requests in flight
-        healthy, took = attach(server.process.pid, tmp_path / "attach-healthy")
+        healthy, took = timed_diag("attach", server.process.pid, "--run-dir",
+                                   tmp_path / "attach-healthy", "--json")
         print(f"\ndiag attach, vLLM tp2 pp2 healthy under load: {took:.1f} s")
         assert healthy.returncode == 0, healthy.stderr
         calm = json.loads(healthy.stdout)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from diagnose.analysis.activity import classify
+from diagnose.analysis.activity import PYTHON_LABEL, classify
 from diagnose.core.progress import Advance, quiet
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
@@ -28,6 +28,7 @@ from diagnose.launch.states import BUSY_SHARE, compiler_child
 
 MAIN_THREAD = "MainThread"
 NATIVE_BUDGET_S = 9.0
+POLLED_WAITS = (Activity.COLLECTIVE, Activity.IDLE)
 TOLD_BY_PYTHON = (Activity.COLLECTIVE, Activity.IDLE, Activity.COMPILING, Activity.GPU_WAIT)
 
 
@@ -67,32 +68,48 @@ class Samples:
         return len(seen) > 1 and self.moved_at() > seen[0].at
 
     def moved_at(self) -> float | None:
-        """When the main thread's Python frames were last seen to change (the last
-        dump's time if it was busy, other than spinning in a collective's wait);
-        the first dump's time where they never did; None without two dumps to
-        compare. Only Python-only dumps are compared: a native one may name Python
-        frames otherwise."""
+        """When the main thread was last seen to move: its place (wait_place) changed
+        between two dumps, or, at the last dump, it used CPU other than polling one
+        wait throughout; the first dump's time where it never did; None without two
+        dumps to compare. Only Python-only dumps are compared: a native one may
+        name Python frames otherwise."""
         seen = self._python_dumps()
         if len(seen) < 2:
             return None
-        if self.busy and not self._spins_in_a_collective(seen):
+        places = [wait_place(s.main_frames) for s in seen]
+        if self.busy and not self._polls_one_wait(seen, places):
             return seen[-1].at
         moved = seen[0].at
-        for before, after in zip(seen, seen[1:]):
-            if after.main_frames != before.main_frames:
-                moved = after.at
+        for sample, before, after in zip(seen[1:], places, places[1:]):
+            if after != before:
+                moved = sample.at
         return moved
 
-    def _spins_in_a_collective(self, seen: list[Sample]) -> bool:
-        """The same Python frames throughout, and in a collective by its last dump:
-        the CPU it used went to polling the wait (vLLM's shared-memory all-reduce
-        spins), not to progress."""
-        last = self.last_sample
-        return (all(s.main_frames == seen[0].main_frames for s in seen)
-                and classify(last.main_frames).activity == Activity.COLLECTIVE)
+    def _polls_one_wait(self, seen: list[Sample], places: list[list[str]]) -> bool:
+        """One place throughout, a wait on peers or for work: the CPU it used went to
+        polling (vLLM's shared-memory all-reduce spins, our engine's ring sleeps
+        2 ms between looks), not to progress."""
+        return (all(place == places[0] for place in places)
+                and classify(seen[-1].main_frames).activity in POLLED_WAITS)
 
     def _python_dumps(self) -> list[Sample]:
         return [s for s in self.taken if s.threads is not None and not s.native]
+
+
+def wait_place(frames: list[str]) -> list[str]:
+    """The frames of a thread that waits on its peers or for work, cut below the frame
+    that says so, that frame without its line: a poll loop's lines and the frames
+    it calls change from dump to dump, and are not progress. Other frames whole."""
+    decided = classify(frames)
+    if decided.activity not in POLLED_WAITS or decided.frame not in frames:
+        return frames
+    index = len(frames) - 1 - frames[::-1].index(decided.frame)
+    return frames[:index] + [_without_line(decided.frame)]
+
+
+def _without_line(label: str) -> str:
+    match = PYTHON_LABEL.match(label)
+    return f"{match['file']} {match['function']}" if match else label
 
 
 def main_thread(threads: dict[str, list[str]], main: str | None = None) -> list[str]:

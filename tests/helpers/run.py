@@ -72,6 +72,28 @@ def diag(*args, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def timed_diag(*args, **kwargs) -> tuple[subprocess.CompletedProcess, float]:
+    """diag's result, and the seconds it took."""
+    start = time.monotonic()
+    done = diag(*args, **kwargs)
+    return done, time.monotonic() - start
+
+
+def attach_until_verdict(pid: int, tmp_path: Path, tries: int = 3):
+    """(the last diag attach --json, its seconds, how many attaches it took). A peer
+    still on its way into the step's wait (on a loaded machine, seconds after the
+    fault) is seen moving, and attach then rightly says the job progresses (exit
+    0): as a user would, attach again 2 s later, up to `tries` times. A verdict,
+    right or wrong, or a failure ends the tries."""
+    for attempt in range(1, tries + 1):
+        done, took = timed_diag("attach", pid, "--run-dir", tmp_path / f"attach-{attempt}",
+                                "--json")
+        if done.returncode != 0 or not json.loads(done.stdout)["attach"]["moving"]:
+            break
+        time.sleep(2.0)
+    return done, took, attempt
+
+
 def launch_process(run_dir, command, *flags, **kwargs) -> subprocess.Popen:
     """`diag launch --run-dir RUN_DIR FLAGS -- COMMAND`, started; the caller waits."""
     return diag_process("launch", "--run-dir", run_dir, *flags, "--", *command, **kwargs)
