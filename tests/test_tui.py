@@ -21,7 +21,7 @@ from helpers.synthetic import Job
 from helpers.tui_synthetic import (PP, SIZE, TP, RecordingController, SyntheticSource, no_fault, offered,
                                    rank6_never_reached, screen_text, settle, started, until)
 from diagnose.launch.rundir import open_run as open_run_dir
-from tui.app import POLL_INTERVAL_S, DiagApp
+from tui.app import POLL_INTERVAL_S, TYPING_REST_S, DiagApp
 from tui.log_files import read_log_tail
 from tui.grid_model import (CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid,
                             default_selection, move)
@@ -150,6 +150,39 @@ async def test_no_fault_says_no_hang():
         assert text.count(f"  {RUNNING}") == 2 and text.count(f"  {IDLE}") == 6
 
 
+class CountingSource(SyntheticSource):
+    """Notes when each whole read of the source began."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__(snapshot)
+        self.reads: list[float] = []
+
+    def judged(self):
+        self.reads.append(time.monotonic())
+        return super().judged()
+
+
+@pytest.mark.anyio
+async def test_no_read_begins_while_keys_come_and_a_selection_reads_only_its_log(tmp_path):
+    (tmp_path / "rank-7.log").write_text("step 0: waiting on tp3\n")
+    source = CountingSource(rank6_never_reached(str(tmp_path)))
+    app = DiagApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await until(pilot, lambda: len(source.reads) >= 3)       # the timer reads
+        first_key = time.monotonic()
+        await pilot.press("right")                               # rank 7
+        await until(pilot, lambda: "log (rank-7.log)" in screen_text(app), timeout=TYPING_REST_S)
+        while time.monotonic() < first_key + 2 * TYPING_REST_S:
+            await pilot.press("left", "right")
+            last_key = time.monotonic()
+            await pilot.pause(0.1)
+        # a read the timer began just before the first key may start its thread after it
+        assert not [at for at in source.reads if first_key + 0.1 < at <= last_key]
+        await until(pilot, lambda: source.reads[-1] > last_key, timeout=3 * TYPING_REST_S)
+        assert source.reads[-1] - last_key >= TYPING_REST_S - 0.1
+
+
 @pytest.mark.anyio
 async def test_keys_move_selection_and_show_the_log(tmp_path):
     (tmp_path / "rank-7.log").write_text("loading weights\nstep 0: waiting on tp3\n")
@@ -163,7 +196,7 @@ async def test_keys_move_selection_and_show_the_log(tmp_path):
         assert grid.selected == 4
         await pilot.press("down", "right")
         assert grid.selected == 7
-        await pilot.pause(0.4)  # the next poll reads rank 7's log
+        await pilot.pause(0.4)  # the selection reads rank 7's log
         text = screen_text(app)
         assert "log (rank-7.log)" in text and "step 0: waiting on tp3" in text
         assert "stack (probe)" in text and "engine/communicator.py:52 all_reduce" in text  # no dump
