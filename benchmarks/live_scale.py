@@ -145,9 +145,11 @@ def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
 
 
 def _until(term: Terminal, pattern: str, shown: bool, wait_s: float) -> float | None:
-    """When `pattern` came on the screen (or left it, shown=False); None past wait_s.
-    The screen is searched again only when the TUI changed it: making pyte's screen
-    into text takes 3.6 ms, and doing so every 2 ms took most of a core from the TUI."""
+    """When the output that put `pattern` on the screen (or took it off, shown=False)
+    came, before pyte parsed it: pyte's time is the terminal's, not the TUI's (a whole
+    screen of 160x48 takes it tens of ms); None past wait_s. The screen is searched
+    again only when the TUI changed it: making pyte's screen into text takes 3.6 ms,
+    and doing so every 2 ms took most of a core from the TUI."""
     deadline = time.monotonic() + wait_s
     term.screen.dirty.add(0)
     while time.monotonic() < deadline:
@@ -156,7 +158,7 @@ def _until(term: Terminal, pattern: str, shown: bool, wait_s: float) -> float | 
         if term.screen.dirty:
             term.screen.dirty.clear()
             if (re.search(pattern, term.text()) is not None) == shown:
-                return time.monotonic()
+                return term.received_at
     return None
 
 

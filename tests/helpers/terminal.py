@@ -16,6 +16,7 @@ class Terminal:
         self.screen = pyte.Screen(columns, lines)
         self.stream = pyte.ByteStream(self.screen)
         self.child = pexpect.spawn(argv[0], argv[1:], env=env, dimensions=(lines, columns))
+        self.received_at = 0.0    # time.monotonic() when the last output came, before its parsing
 
     def text(self) -> str:
         return "\n".join(self.screen.display)
@@ -23,7 +24,9 @@ class Terminal:
     def read(self, timeout: float) -> bool:
         """What the child wrote within `timeout`, onto the screen; False at its end."""
         try:
-            self.stream.feed(self.child.read_nonblocking(65536, timeout=timeout))
+            output = self.child.read_nonblocking(65536, timeout=timeout)
+            self.received_at = time.monotonic()
+            self.stream.feed(output)
         except pexpect.TIMEOUT:
             pass
         except pexpect.EOF:
