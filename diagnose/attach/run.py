@@ -3,7 +3,6 @@ sample them, judge the snapshot with the one analysis, write the run dir; with
 kill, end the job once the report is written, and only then."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from contextlib import nullcontext
@@ -17,7 +16,7 @@ from diagnose.attach.discover import DiscoveryError, Job, find_job
 from diagnose.attach.sample import Samples, sample
 from diagnose.attach.states import job_snapshot
 from diagnose.core.progress import bar, quiet
-from diagnose.core.schema import Document, stamped
+from diagnose.core.schema import Document, as_json, stamped
 from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.offline import report
@@ -106,7 +105,7 @@ def write_run_dir(attached: Attached, run_dir: str, again: bool = False) -> dict
              Document.ATTACH: job_body(attached), Document.REPORT: body}
     for document, content in files.items():
         with open(os.path.join(run_dir, document), "w") as sink:
-            json.dump(stamped(document, content), sink, indent=1, default=str)
+            sink.write(as_json(stamped(document, content)))
     return body
 
 

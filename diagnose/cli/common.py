@@ -5,7 +5,6 @@ for -o/--output)."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 
@@ -71,15 +70,14 @@ def emit_json(document: schema.Document, body, args) -> dict:
     if args.output:
         write_json(args.output, stamped, "--output")
     if args.json:
-        json.dump(stamped, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
+        sys.stdout.write(schema.as_json(stamped) + "\n")
     return stamped
 
 
 def write_json(path: str, body: dict, flag: str) -> None:
     try:
         with open(path, "w") as sink:
-            json.dump(body, sink, indent=1, default=str)
+            sink.write(schema.as_json(body))
     except OSError as error:
         raise UsageError(f"{flag} {path}: {error.strerror}") from None
 

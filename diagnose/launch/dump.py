@@ -2,7 +2,6 @@
 Python stack, written by each rank's heartbeat thread) and py-spy from outside."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -13,7 +12,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from diagnose.core.frames import is_native
-from diagnose.core.schema import Document, stamped
+from diagnose.core.schema import Document, as_json, stamped
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import Snapshot
 from diagnose.launch.collector import Collector, request_dump
@@ -55,7 +54,7 @@ def dump_run(run_dir: str, native: bool = False) -> dict:
         body["stacks"]["driver"] = snapshot.driver.stacks
     path, sink = _new_dump_file(run_dir)
     with sink:
-        json.dump(stamped(Document.DUMP, body), sink, indent=1)
+        sink.write(as_json(stamped(Document.DUMP, body)))
     body["path"] = path
     return body
 

@@ -383,7 +383,7 @@ class Launcher:
         self._write_json(Document.REPORT, body)
         if self.opts.output:
             with open(self.opts.output, "w") as f:
-                json.dump(schema.stamped(Document.REPORT, body), f, indent=1, default=str)
+                f.write(schema.as_json(schema.stamped(Document.REPORT, body)))
 
     @staticmethod
     def _stacks(snapshot: Snapshot) -> dict:
@@ -391,7 +391,7 @@ class Launcher:
 
     def _write_json(self, document: Document, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, str(document)), "w") as f:
-            json.dump(schema.stamped(document, body), f, indent=1, default=str)
+            f.write(schema.as_json(schema.stamped(document, body)))
 
 
 def _phase_names(snapshot: Snapshot) -> set[str]:
