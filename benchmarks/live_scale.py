@@ -13,7 +13,8 @@ the culprit took the hung step's message) to the head's verdict line naming it
 in its output.log; then `diag tui` on the head's run dir in a pty, its screen
 read through pyte (tests/helpers/terminal.py): the time until it names the
 culprit, and each key's latency (the key sent until the screen shows what it
-changed; pyte's parsing runs in this process, so these are upper bounds). Every process runs on this host: on a small machine the agents'
+changed: until the output that changed it arrived, before pyte parses it in this process).
+Every process runs on this host: on a small machine the agents'
 work competes with the head's, and the table says the machine and its load.
 
     PYTHONPATH=. python benchmarks/live_scale.py --passes [--nodes 16] [--ranks-per-node 1024]

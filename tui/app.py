@@ -138,8 +138,8 @@ class DiagApp(App):
         """The timer's read: after a slow one the keys get as long as it took before
         the next (a head's run dir of 16,384 ranks takes a second to judge, and the
         reading thread holds the interpreter while it does), and while keys come,
-        none: a read of 1,024 ranks took a tenth of a second of the interpreter, and
-        keys answered in 120-240 ms instead of 50 while reads ran beside them."""
+        none: a read of 1,024 ranks holds it a tenth of a second (docs/performance.md,
+        "diag tui's keys")."""
         now = time.monotonic()
         if now >= self.rest_until and now - self.typed_at >= TYPING_REST_S:
             self.poll()
