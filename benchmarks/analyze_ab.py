@@ -18,14 +18,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fr_vs_torchfrtrace import measure as measure_child
+
 NOW = str(Path(__file__).resolve().parents[1])
+TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -43,19 +44,14 @@ class Run:
 def analyze_once(tree: str, path: str) -> tuple[int, float, float, float, list]:
     """(exit code, wall s, CPU s, peak RSS MB, verdicts) of one `diag analyze --json`
     run by the source tree `tree`."""
-    with tempfile.TemporaryFile() as out:
-        start = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "diagnose.cli", "analyze", path, "--json"],
-                                 cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
-                                 stdout=out, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        report = json.load(out)
-    cpu = usage.ru_utime + usage.ru_stime
-    verdicts = [[verdict["kind"], verdict["culprit_ranks"]] for verdict in report["verdicts"]]
-    return child.returncode, wall, cpu, usage.ru_maxrss / 1024, verdicts
+    output, wall, cpu, rss, code = measure_child(
+        [sys.executable, "-m", "diagnose.cli", "analyze", path, "--json"], TIMEOUT_S, cwd=tree,
+        env=dict(os.environ, PYTHONPATH=tree))
+    if wall is None:
+        sys.exit(f"diag analyze {path} ran past {TIMEOUT_S:g} s in {tree}")
+    verdicts = [[verdict["kind"], verdict["culprit_ranks"]]
+                for verdict in json.loads(output)["verdicts"]]
+    return code, wall, cpu, rss, verdicts
 
 
 def measure(before: str, dirs: list[str], rounds: int) -> list[Run]:

@@ -63,13 +63,14 @@ class Case:
         return (self.torchfrtrace.wall_s or float("inf")) / self.diag.wall_s
 
 
-def measure(argv: list[str], timeout_s: float, keep_stderr: bool = False) -> tuple[str, float | None, float, float, int | None]:
+def measure(argv: list[str], timeout_s: float, keep_stderr: bool = False, cwd: str | None = None,
+            env: dict | None = None) -> tuple[str, float | None, float, float, int | None]:
     """(its output, wall s or None past the timeout, CPU s, max RSS MB, exit code)."""
     start = time.perf_counter()
     with tempfile.TemporaryFile() as sink:
         child = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT if keep_stderr
                                  else subprocess.DEVNULL,
-                                 start_new_session=True)
+                                 start_new_session=True, cwd=cwd, env=env)
         deadline = start + timeout_s
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)

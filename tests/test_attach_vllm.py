@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path

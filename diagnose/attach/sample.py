@@ -101,7 +101,7 @@ def wait_place(frames: list[str]) -> list[str]:
     that says so, that frame without its line: a poll loop's lines and the frames
     it calls change from dump to dump, and are not progress. Other frames whole."""
     decided = classify(frames)
-    if decided.activity not in POLLED_WAITS or decided.frame not in frames:
+    if decided.activity not in POLLED_WAITS:
         return frames
     index = len(frames) - 1 - frames[::-1].index(decided.frame)
     return frames[:index] + [_without_line(decided.frame)]
