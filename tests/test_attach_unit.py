@@ -2,12 +2,16 @@
 command line, when a rank moved, the refusal line, and the snapshot a run dir
 holds as JSON (read back by diag analyze and diag tui)."""
 import json
+import subprocess
+import sys
 from dataclasses import asdict
 
+import psutil
 import pytest
 
 from diagnose.analysis import analyze
-from diagnose.attach.discover import JobProcess, layout_flags, place_from_name
+from diagnose.attach.discover import (MAX_TITLE, JobProcess, describe, command_flags,
+                                       layout_flags, place_from_name)
 from diagnose.attach.ptrace import refusal
 from diagnose.attach.sample import Sample, Samples
 from diagnose.attach.states import activity_sample
@@ -53,7 +57,22 @@ def test_other_processes_are_no_ranks(title, comm):
     ("vllm serve m -tp x", None),
 ])
 def test_the_layout_from_vllm_and_engine_flags(command, flags):
-    assert layout_flags([JobProcess(1, 0.0, 0, command)]) == flags
+    assert command_flags(command.split()) == flags
+
+
+def test_the_layout_comes_from_the_whole_command_line_not_its_cut_title():
+    """A long model path once pushed `-pp 2` out of the title diag keeps (vLLM 0.11 at
+    tp=2 pp=2 under a long venv path): the job read as 2 ranks, and rank 2 refused."""
+    model = "/models/" + "m" * (2 * MAX_TITLE)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve",
+                                model, "-tp", "2", "-pp", "2"])
+    try:
+        described = describe(psutil.Process(process.pid))
+    finally:
+        process.kill()
+        process.wait()
+    assert len(described.title) <= MAX_TITLE and "-pp" not in described.title
+    assert layout_flags([JobProcess(1, 0.0, 0, "python"), described]) == (2, 2)
 
 
 def test_a_rank_moved_when_its_python_frames_changed():

@@ -52,6 +52,7 @@ class JobProcess:
     uid: int
     title: str                    # its command line or title, cut to MAX_TITLE
     place: Place | None = None
+    flags: tuple[int, int] | None = None   # (tp, pp) its whole command line gives
 
 
 @dataclass
@@ -82,7 +83,7 @@ def find_job(pid: int) -> Job:
         raise DiscoveryError(f"no process {pid}") from None
     except psutil.AccessDenied:
         raise DiscoveryError(f"cannot read process {pid}: permission denied") from None
-    procs = {proc.pid: described for proc in tree if (described := _describe(proc)) is not None}
+    procs = {proc.pid: described for proc in tree if (described := describe(proc)) is not None}
     if pid not in procs:
         raise DiscoveryError(f"process {pid} ended while diag looked at it")
     parents = {proc.pid: _ppid(proc) for proc in tree}
@@ -96,7 +97,8 @@ def find_job(pid: int) -> Job:
     return job
 
 
-def _describe(proc: psutil.Process) -> JobProcess | None:
+def describe(proc: psutil.Process) -> JobProcess | None:
+    """What diag knows of a process from outside; None for one that ended meanwhile."""
     try:
         with proc.oneshot():
             cmdline = proc.cmdline()
@@ -106,7 +108,7 @@ def _describe(proc: psutil.Process) -> JobProcess | None:
     except psutil.AccessDenied:
         cmdline, comm, uid, created = [], "", -1, 0.0
     title = " ".join(cmdline).strip() or comm
-    described = JobProcess(proc.pid, created, uid, title[:MAX_TITLE])
+    described = JobProcess(proc.pid, created, uid, title[:MAX_TITLE], flags=command_flags(cmdline))
     described.place = _place(title, comm, proc.pid)
     return described
 
@@ -230,14 +232,16 @@ def _by_rank(found: list[JobProcess], root: JobProcess) -> dict[int, JobProcess]
 
 
 def layout_flags(procs) -> tuple[int, int] | None:
-    """(tp, pp) from the first command line that gives either flag, as vLLM and
-    python -m engine spell them; None where none does."""
-    for proc in procs:
-        words = proc.title.split()
-        tp, pp = _flag(words, TP_FLAGS), _flag(words, PP_FLAGS)
-        if tp is not None or pp is not None:
-            return (tp or 1, pp or 1)
-    return None
+    """(tp, pp) from the first process whose command line gives either flag."""
+    return next((proc.flags for proc in procs if proc.flags is not None), None)
+
+
+def command_flags(words: list[str]) -> tuple[int, int] | None:
+    """(tp, pp) as vLLM and python -m engine spell the flags, from a whole command
+    line (a title is cut: a long model path pushed -pp out of it); None where it
+    gives neither."""
+    tp, pp = _flag(words, TP_FLAGS), _flag(words, PP_FLAGS)
+    return None if tp is None and pp is None else (tp or 1, pp or 1)
 
 
 def _flag(words: list[str], names: tuple[str, ...]) -> int | None:
