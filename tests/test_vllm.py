@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.skipif(vllm_missing(), reason="real vLLM is not instal
               pytest.mark.timeout(900)]
 DETECT_S = 5.0
 MARK = "vllm.model_executor.models.llama:LlamaModel.forward=forward"
+HEALTHY_S = 30.0      # serving under diag with the mark, after the first answer: no verdict
 
 
 def report(run_dir: Path) -> dict:
@@ -117,17 +118,19 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
     assert verdict["detected_after_s"] < 5.0
 
 
-def wait_for_first_answer(server: Server, texts: list[str], timeout: float = 240) -> None:
-    """The healthy minute starts at the first answer: a server just ready may still
-    be busy (in one CI run on vLLM 0.11 the minute after ready served nothing; why is not known)."""
+def wait_for_answers(server: Server, texts: list[str], count: int, timeout: float = 240) -> None:
+    """Until `count` requests were answered. The healthy half minute starts at the
+    first answer: a server just ready may still be busy (on vLLM 0.11 the first answer
+    once came 4.5 minutes after ready, in CI the minute after ready served nothing
+    once; why is not known)."""
     start = time.monotonic()
-    while not texts:
+    while len(texts) < count:
         assert time.monotonic() - start < timeout, (server.errors[-5:], server.tail())
         time.sleep(0.2)
 
 
 @pytest.mark.every_release
-def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute_is_clean(
+def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_30_healthy_seconds_are_clean(
         tmp_path, checkpoint, cache):
     shm_before = shm_files()
     plain_port = free_port()
@@ -143,8 +146,9 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     server.wait_ready()
     stop, texts = threading.Event(), []
     server.keep_busy(stop, texts)
-    wait_for_first_answer(server, texts)
-    time.sleep(60)
+    wait_for_answers(server, texts, 1)
+    time.sleep(HEALTHY_S)
+    wait_for_answers(server, texts, 2)     # the first answer and one more: it served on
     stop.set()
     time.sleep(2)
     vllm_pid = json.loads((run_dir / "launch.json").read_text())["pid"]
@@ -157,9 +161,7 @@ def test_a_mark_on_the_compiled_forward_keeps_serving_right_and_a_healthy_minute
     assert body["verdicts"] == []
     # the API server's hook (MPClient.shutdown) said it stopped the job, before it did
     assert (run_dir / "stopping.json").is_file()
-    # vLLM 0.11 on 2 cores answers 3 to 12 of these in the minute (3 in a quiet
-    # clean-clone CI run here): the first answer and one more say it served on
-    assert len(texts) >= 2 and set(texts) == {reference}, (
+    assert set(texts) == {reference}, (
         reference, set(texts), len(texts), server.errors[-5:], server.tail())
     assert any(note.startswith(f"--mark {MARK}: armed") for note in body["notes"]), body["notes"]
     # each row of the hook table that this release has was applied: no "vLLM ..." note
