@@ -71,6 +71,7 @@ KEY_ROUNDS = 3
 KEY_WAIT_S = 10.0
 OPEN_WAIT_S = 60.0
 SCREEN = (160, 48)
+SCREEN_TOP = 3            # lines of the screen kept while the TUI opens
 SAMPLE_S = 0.1
 STOP_WAIT_S = 30.0
 
@@ -122,6 +123,7 @@ class HeadWatch:
 class TuiTimes:
     open_s: float | None
     key_ms: list[float | None]       # None: the key's change did not show within KEY_WAIT_S
+    screens: list[tuple[float, str]]  # (seconds since start, its top lines) while opening
 
 
 def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
@@ -131,34 +133,40 @@ def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
     term = Terminal([sys.executable, "-m", "diagnose.cli", "tui", run_dir], env=dict(os.environ),
                     columns=SCREEN[0], lines=SCREEN[1])
     try:
-        opened = _until(term, culprit_name, True, OPEN_WAIT_S)
+        screens: list[tuple[float, str]] = []
+        opened = _until(term, culprit_name, True, OPEN_WAIT_S, started, screens)
         open_s = None if opened is None else opened - started
         key_ms = []
         for _ in range(KEY_ROUNDS):
             for key, pattern, shown in KEYS:
                 sent = time.monotonic()
                 term.child.send(key)
-                answered = _until(term, pattern, shown, KEY_WAIT_S)
+                answered = _until(term, pattern, shown, KEY_WAIT_S, sent)
                 key_ms.append(None if answered is None else 1000 * (answered - sent))
     finally:
         term.child.terminate(force=True)
-    return TuiTimes(open_s, key_ms)
+    return TuiTimes(open_s, key_ms, screens)
 
 
-def _until(term: Terminal, pattern: str, shown: bool, wait_s: float) -> float | None:
-    """When the output that put `pattern` on the screen (or took it off, shown=False)
-    came, before pyte parsed it: pyte's time is the terminal's, not the TUI's (a whole
-    screen of 160x48 takes it tens of ms); None past wait_s. The screen is searched
-    again only when the TUI changed it: making pyte's screen into text takes 3.6 ms,
-    and doing so every 2 ms took most of a core from the TUI."""
+def _until(term: Terminal, pattern: str, shown: bool, wait_s: float, since: float,
+           screens: list[tuple[float, str]] | None = None) -> float | None:
+    """When output that came after `since` put `pattern` on the screen (or took it
+    off, shown=False), timed as it came, before pyte parsed it: pyte's time is the
+    terminal's, not the TUI's (a whole screen of 160x48 takes it tens of ms); None
+    past wait_s. The screen is searched again only when the TUI changed it: making
+    pyte's screen into text takes 3.6 ms, and doing so every 2 ms took most of a
+    core from the TUI. `screens` gets the screen's top lines each time they change."""
     deadline = time.monotonic() + wait_s
-    term.screen.dirty.add(0)
     while time.monotonic() < deadline:
         if not term.read(0.002):
             return None
-        if term.screen.dirty:
+        if term.screen.dirty and term.received_at >= since:
             term.screen.dirty.clear()
-            if (re.search(pattern, term.text()) is not None) == shown:
+            text = term.text()
+            top = "\n".join(line.rstrip() for line in text.splitlines()[:SCREEN_TOP])
+            if screens is not None and (not screens or screens[-1][1] != top):
+                screens.append((round(term.received_at - since, 2), top))
+            if (re.search(pattern, text) is not None) == shown:
                 return term.received_at
     return None
 
@@ -202,7 +210,7 @@ def run(args) -> dict:
         "head_cores_to_verdict": watch.cores(plan.hang_at, watch.verdict_at or time.time()),
         "head_peak_rss_mb": watch.peak_rss / 2**20,
         "verdict_s": verdict_s, "verdict": watch.verdict,
-        "tui_open_s": tui.open_s, "tui_key_ms": tui.key_ms,
+        "tui_open_s": tui.open_s, "tui_key_ms": tui.key_ms, "tui_open_screens": tui.screens,
         "tui_key_ms_median": _median(tui.key_ms), "tui_key_ms_max": _max(tui.key_ms),
         "head_exit": exit_code,
         "machine": machine(),
