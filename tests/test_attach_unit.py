@@ -4,6 +4,7 @@ holds as JSON (read back by diag analyze and diag tui)."""
 import json
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 
 import psutil
@@ -67,6 +68,10 @@ def test_the_layout_comes_from_the_whole_command_line_not_its_cut_title():
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve",
                                 model, "-tp", "2", "-pp", "2"])
     try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(process.pid).cmdline():   # exec still under way
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         described = describe(psutil.Process(process.pid))
     finally:
         process.kill()
