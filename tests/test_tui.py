@@ -150,37 +150,35 @@ async def test_no_fault_says_no_hang():
         assert text.count(f"  {RUNNING}") == 2 and text.count(f"  {IDLE}") == 6
 
 
-class CountingSource(SyntheticSource):
-    """Notes when each whole read of the source began."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        super().__init__(snapshot)
-        self.reads: list[float] = []
-
-    def judged(self):
-        self.reads.append(time.monotonic())
-        return super().judged()
-
-
 @pytest.mark.anyio
 async def test_no_read_begins_while_keys_come_and_a_selection_reads_only_its_log(tmp_path):
+    """Every whole read of the source begins TYPING_REST_S or more after the last key
+    the app had then; keys come every tenth of a second or so until rank 7's log
+    shows, so that log came from the selection's own read, and the reads go on once
+    the keys stop. Each read is noted when the app begins it, on its UI thread."""
     (tmp_path / "rank-7.log").write_text("step 0: waiting on tp3\n")
-    source = CountingSource(rank6_never_reached(str(tmp_path)))
-    app = DiagApp(source)
+    app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
+    began: list[tuple[float, float]] = []      # (when a read began, the app's last key then)
+    read_source = app.read_source
+
+    def noted(rank):
+        began.append((time.monotonic(), app.typed_at))
+        return read_source(rank)
+    app.read_source = noted
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
-        await until(pilot, lambda: len(source.reads) >= 3)       # the timer reads
-        first_key = time.monotonic()
-        await pilot.press("right")                               # rank 7
-        await until(pilot, lambda: "log (rank-7.log)" in screen_text(app), timeout=TYPING_REST_S)
-        while time.monotonic() < first_key + 2 * TYPING_REST_S:
+        await until(pilot, lambda: len(began) >= 3)               # the timer reads
+        await pilot.press("right")                                # rank 7
+        first_key = app.typed_at
+        typing_ends = time.monotonic() + 2 * TYPING_REST_S
+        while time.monotonic() < typing_ends or "log (rank-7.log)" not in screen_text(app):
+            assert time.monotonic() < typing_ends + 10, "rank 7's log did not show"
             await pilot.press("left", "right")
-            last_key = time.monotonic()
             await pilot.pause(0.1)
-        # a read the timer began just before the first key may start its thread after it
-        assert not [at for at in source.reads if first_key + 0.1 < at <= last_key]
-        await until(pilot, lambda: source.reads[-1] > last_key, timeout=3 * TYPING_REST_S)
-        assert source.reads[-1] - last_key >= TYPING_REST_S - 0.1
+        last_key = app.typed_at
+        await until(pilot, lambda: began[-1][1] >= last_key, timeout=5 * TYPING_REST_S)
+    after_keys = [(at, key) for at, key in began if key >= first_key]
+    assert after_keys and all(at - key >= TYPING_REST_S for at, key in after_keys), after_keys
 
 
 @pytest.mark.anyio
