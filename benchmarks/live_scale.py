@@ -163,12 +163,17 @@ def _until(term: Terminal, pattern: str, shown: bool, wait_s: float, since: floa
         if term.screen.dirty and term.received_at >= since:
             term.screen.dirty.clear()
             text = term.text()
-            top = "\n".join(line.rstrip() for line in text.splitlines()[:SCREEN_TOP])
-            if screens is not None and (not screens or screens[-1][1] != top):
-                screens.append((round(term.received_at - since, 2), top))
+            if screens is not None:
+                _note_top(screens, text, round(term.received_at - since, 2))
             if (re.search(pattern, text) is not None) == shown:
                 return term.received_at
     return None
+
+
+def _note_top(screens: list[tuple[float, str]], text: str, at: float) -> None:
+    top = "\n".join(line.rstrip() for line in text.splitlines()[:SCREEN_TOP])
+    if not screens or screens[-1][1] != top:
+        screens.append((at, top))
 
 
 def run(args) -> dict:

@@ -120,9 +120,9 @@ def test_a_worker_killed_while_serving_is_dead_within_seconds(tmp_path, checkpoi
 
 def wait_for_answers(server: Server, texts: list[str], count: int, timeout: float = 240) -> None:
     """Until `count` requests were answered. The healthy half minute starts at the
-    first answer: a server just ready may still be busy (on vLLM 0.11 the first answer
-    once came 4.5 minutes after ready, in CI the minute after ready served nothing
-    once; why is not known)."""
+    first answer: a server just ready may still be busy (on vLLM 0.11 one logged its
+    first answer 4.5 minutes after "startup complete", and in CI the minute after
+    ready once served nothing; why is not known)."""
     start = time.monotonic()
     while len(texts) < count:
         assert time.monotonic() - start < timeout, (server.errors[-5:], server.tail())
