@@ -38,8 +38,12 @@ def verdict_frame(svg: str) -> str:
 
 
 def stack_frames(svg: str) -> list[str]:
-    """The frames of ours in the stack pane, innermost first."""
-    return [match.group(0) for line in screen_lines(svg) for match in FRAME.finditer(line)
+    """The frames of ours above the command's output pane (the verdict line and the
+    stack pane), innermost first. The output pane is left out: what the job printed
+    last, and so which lines it still shows, differs from run to run."""
+    lines = screen_lines(svg)
+    [output_pane] = [n for n, line in enumerate(lines) if "─ command output (" in line]
+    return [match.group(0) for line in lines[:output_pane] for match in FRAME.finditer(line)
             if is_ours(match.group(1))]
 
 
