@@ -70,7 +70,7 @@ def arm(name: str, node_count: int, ranks_per_node: int, steps: int) -> dict:
     plan = Plan(nodes=node_count, ranks_per_node=ranks_per_node, tp=8, culprit=1,
                 kind="never_reached", t0=1000.0, step_s=STEP_S, hang_step=10 ** 6, history=16)
     began = plan.sent_at(8)
-    agents = [(NodeRanks(plan, node), ReportWriter()) for node in range(1, node_count + 1)]
+    agents = [(NodeRanks(plan, node), ReportWriter(ring_items=None)) for node in range(1, node_count + 1)]
     sent = [[_report(ranks, writer, began + step * STEP_S) for ranks, writer in agents]
             for step in range(steps + 1)]
     groups = GroupReader()
@@ -111,7 +111,7 @@ def _not_paused(freeze: bool = True):
 
 
 def _report(ranks: NodeRanks, writer: ReportWriter, now: float) -> bytes:
-    body = nodes.JSON.encode(writer.report(ranks.snapshot(now).ranks))
+    body = nodes.JSON.encode(writer.report(ranks.snapshot(now).ranks, now))
     writer.applied(writer.seq)
     return body
 

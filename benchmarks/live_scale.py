@@ -273,8 +273,9 @@ def passes(args) -> dict:
     known: dict[int, Known] = {}
     groups = GroupReader()
 
-    def report(node: int, writer: ReportWriter, ranks: dict, kind: str) -> None:
-        body = _timed(spent, f"agent_{kind}_s", lambda: nodes.JSON.encode(writer.report(ranks)))
+    def report(node: int, writer: ReportWriter, now: float, ranks: dict, kind: str) -> None:
+        body = _timed(spent, f"agent_{kind}_s",
+                      lambda: nodes.JSON.encode(writer.report(ranks, now)))
         size[kind] = size.get(kind, 0) + len(body)
         known[node] = _timed(spent, f"head_{kind}_s", lambda: Known.read(
             nodes.JSON.decode(body), known.get(node), groups))
@@ -283,13 +284,15 @@ def passes(args) -> dict:
     lagging: dict[int, Known] = {}      # odd nodes a step behind the even ones
     for node in range(1, args.nodes + 1):
         synth, writer = NodeRanks(plan, node), ReportWriter()
-        report(node, writer, synth.snapshot(healthy).ranks, "whole")
+        report(node, writer, healthy, synth.snapshot(healthy).ranks, "whole")
         lagging[node] = known[node]
-        report(node, writer, synth.snapshot(healthy + plan.step_s).ranks, "healthy_delta")
+        report(node, writer, healthy + plan.step_s, synth.snapshot(healthy + plan.step_s).ranks,
+               "healthy_delta")
         lagging[node] = lagging[node] if node % 2 else known[node]
         synth.snapshot(hung - POLL_S)
-        report(node, writer, synth.snapshot(hung - POLL_S).ranks, "hung_delta_warmup")
-        report(node, writer, synth.snapshot(hung).ranks, "hung_delta")
+        report(node, writer, hung - POLL_S, synth.snapshot(hung - POLL_S).ranks,
+               "hung_delta_warmup")
+        report(node, writer, hung, synth.snapshot(hung).ranks, "hung_delta")
     with tempfile.TemporaryDirectory(prefix="live-passes-") as run_dir:
         hub = nodes.NodeHub(f"127.0.0.1:{free_port()}", b"passes-key", run_dir, args.nodes + 1)
         try:

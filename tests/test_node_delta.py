@@ -9,8 +9,11 @@ from dataclasses import asdict
 import pytest
 
 from diagnose.core.groups import GroupReader
-from diagnose.launch.node_delta import Known, ReportWriter
+from diagnose.analysis import analyze
+from diagnose.analysis.position import last_progress
+from diagnose.launch.node_delta import RINGS, Known, ReportWriter
 from diagnose.launch.nodes import JSON, NodeAgent, NodeHub
+from diagnose.offline.synth import hung_job
 from diagnose.offline.synth_live import NodeRanks, Plan
 from helpers.run import free_port
 
@@ -43,7 +46,7 @@ def played(until: float, every: float = 0.25):
 def test_deltas_rebuild_what_the_agent_holds_through_steps_and_the_hang():
     writer, known, groups, sizes = ReportWriter(), None, GroupReader(), []
     for now, ranks in played(PLAN.hang_at + 3.0):
-        body = crossed(writer.report(ranks))
+        body = crossed(writer.report(ranks, now))
         sizes.append(len(JSON.encode(body)))
         known = Known.read(body, known, groups)
         writer.applied(known.seq)
@@ -57,7 +60,7 @@ def test_a_state_handed_out_stays_as_it_was_while_deltas_arrive():
     writer, known, groups = ReportWriter(), None, GroupReader()
     held = None
     for now, ranks in played(PLAN.sent_at(3)):
-        known = Known.read(crossed(writer.report(ranks)), known, groups)
+        known = Known.read(crossed(writer.report(ranks, now)), known, groups)
         writer.applied(known.seq)
         if held is None and now >= PLAN.sent_at(1):
             held, frozen = known.states, copy.deepcopy(known.states)
@@ -68,19 +71,87 @@ def test_a_state_handed_out_stays_as_it_was_while_deltas_arrive():
 def test_a_delta_on_a_report_the_head_lacks_is_refused_and_a_whole_one_follows():
     writer, groups = ReportWriter(), GroupReader()
     reports = played(PLAN.sent_at(2))
-    _, first = next(reports)
-    known = Known.read(crossed(writer.report(first)), None, groups)
+    now, first = next(reports)
+    known = Known.read(crossed(writer.report(first, now)), None, groups)
     writer.applied(known.seq)
-    _, ranks = next(reports)
-    lost = crossed(writer.report(ranks))      # never reaches the head
+    now, ranks = next(reports)
+    lost = crossed(writer.report(ranks, now))      # never reaches the head
     writer.applied(None)                      # which says so: the next is whole
     assert lost["base"] is not None
-    _, ranks = next(reports)
-    body = crossed(writer.report(ranks))
+    now, ranks = next(reports)
+    body = crossed(writer.report(ranks, now))
     assert body["base"] is None
     with pytest.raises(ValueError, match="does not hold"):
         Known.read(dict(lost, base=lost["base"] + 5), known, groups)
     known = Known.read(body, known, groups)
+    assert same(known, ranks)
+
+
+def ring_items(body: dict, ranks: set[str]) -> int:
+    """The ring items a delta carries for `ranks`."""
+    return sum(len(body["changes"][rank].get("lists", {}).get(name, [0, 0, 0, []])[3])
+               for rank in ranks & body["changes"].keys() for name in RINGS)
+
+
+def test_a_node_past_its_ring_items_holds_moving_ranks_back_and_their_progress_still_counts():
+    budget, writer, known, groups = 40, ReportWriter(ring_items=40), None, GroupReader()
+    behind_for: dict[int, int] = {}     # rank -> reports in a row its rings were held back
+    longest, held, progress = 0, 0, {}
+    for now, ranks in played(PLAN.hang_at + 2.0):
+        body = crossed(writer.report(ranks, now))
+        known = Known.read(body, known, groups)
+        writer.applied(known.seq)
+        moved = {str(rank) for rank, state in ranks.items()
+                 if progress.get(rank) != last_progress(state)}
+        progress = {rank: last_progress(state) for rank, state in ranks.items()}
+        largest = max(sum(len(getattr(state, name)) for name in RINGS) for state in ranks.values())
+        if body["base"] is not None:
+            assert ring_items(body, moved) <= budget + largest, now
+        for rank, state in known.states.items():       # its progress, to a tenth of a second
+            assert 0 <= progress[rank] - last_progress(state) < 0.1, (now, rank)
+            late = any(getattr(state, name) != getattr(ranks[rank], name) for name in RINGS)
+            behind_for[rank] = behind_for.get(rank, 0) + 1 if late else 0
+            assert late == (state.progress_at is not None), (now, rank)
+            assert late or state.ring_read == ranks[rank].ring_read, (now, rank)
+        longest = max(longest, *behind_for.values())
+        held += len(body.get("progress", []))
+    assert held and 2 <= longest <= 4      # held back, and each in turn sent: 2 ranks a report
+    assert same(known, ranks)              # every rank stopped: the head holds what the agent does
+
+
+@pytest.mark.parametrize("kind", ["never_reached", "stuck_in_phase", "collective_missing_peers"])
+def test_a_rank_whose_rings_are_held_back_is_judged_by_none_of_them(kind):
+    """A moving rank's rings, held back, may be seconds old: never a stall."""
+    job = hung_job(16, 4, 13, kind)
+    [verdict] = analyze(job.snapshot())
+    assert verdict.culprit_ranks == [13]
+    for state in job.ranks.values():
+        state.progress_at = job.now - 0.3          # each moved, their rings not yet sent
+    assert analyze(job.snapshot()) == []
+    for rank in range(12, 16):                     # the rings of the culprit's TP group
+        job.ranks[rank].progress_at = None         # came: it is named, the rest held back
+    [verdict] = analyze(job.snapshot())
+    assert verdict.culprit_ranks == [13] and verdict.kind == kind
+
+
+def test_a_rank_that_died_holds_nothing_back():
+    writer, known, groups = ReportWriter(ring_items=1), None, GroupReader()
+    for now, ranks in played(PLAN.sent_at(4)):
+        ranks[9].alive = False            # its pid gone, its file still stepping
+        known = Known.read(crossed(writer.report(ranks, now)), known, groups)
+        writer.applied(known.seq)
+        assert known.states[9].progress_at is None
+        assert all(getattr(known.states[9], name) == getattr(ranks[9], name) for name in RINGS)
+    assert any(state.progress_at is not None for state in known.states.values())
+
+
+def test_a_nodes_last_report_holds_no_ring_back():
+    writer, known, groups = ReportWriter(ring_items=1), None, GroupReader()
+    for now, ranks in played(PLAN.sent_at(3)):
+        body = crossed(writer.report(ranks, now, complete=now >= PLAN.sent_at(3) - 0.25))
+        known = Known.read(body, known, groups)
+        writer.applied(known.seq)
+    assert body["base"] is not None and not body["progress"]
     assert same(known, ranks)
 
 
@@ -104,6 +175,9 @@ def garbled(body: dict) -> list[dict]:
         dict(body, beats=[[1.0, "0-99"]]),
         dict(body, beats=[["soon", "8"]]),
         dict(body, beats=[[1.0]]),
+        dict(body, progress=[[1.0, "0-99"]]),
+        dict(body, progress=[[float("nan"), "8"]]),
+        dict(body, progress={"8": 1.0}),
         dict(body, gone=[99]),
         dict(body, ranks={"8": {"identity": "x"}}),
         dict(body, ranks={"8": {"identity": {}}}),
@@ -115,13 +189,13 @@ def garbled(body: dict) -> list[dict]:
 def test_a_garbled_delta_changes_nothing_the_head_holds():
     writer, groups = ReportWriter(), GroupReader()
     reports = played(PLAN.sent_at(2))
-    _, first = next(reports)
-    known = Known.read(crossed(writer.report(first)), None, groups)
+    now, first = next(reports)
+    known = Known.read(crossed(writer.report(first, now)), None, groups)
     writer.applied(known.seq)
     before = {rank: asdict(state) for rank, state in known.states.items()}
     wire = json.dumps(known.wire, sort_keys=True)
-    _, ranks = next(reports)
-    body = crossed(writer.report(ranks))
+    now, ranks = next(reports)
+    body = crossed(writer.report(ranks, now))
     assert body["changes"], "the step should have changed the ranks"
     for bad in garbled(body):
         with pytest.raises(ValueError):
@@ -152,7 +226,7 @@ def test_over_the_link_the_head_applies_deltas_and_resyncs_after_garbage(tmp_pat
     reports = played(PLAN.hang_at + 1.0)
     try:
         for _ in range(4):
-            _, ranks = next(reports)
+            now, ranks = next(reports)
             assert agent.publish(ranks, None, 0) is not None
         [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
         assert same(Known(0, node.states, {}), ranks)

@@ -9,6 +9,7 @@ import pytest
 from helpers.run import free_port, left_behind
 
 from diagnose.core.vocab import VerdictKind
+from diagnose.launch.node_delta import RING_ITEMS_PER_REPORT
 from diagnose.offline.synth_live import NodeRanks, Plan, launch
 
 pytestmark = pytest.mark.e2e
@@ -38,10 +39,13 @@ def test_node_ranks_step_and_then_hang_as_planned():
     assert all(len(state.collectives) <= live.history for state in hung.ranks.values())
 
 
-def test_the_head_names_the_planted_culprit_from_its_agents(tmp_path, monkeypatch):
+@pytest.mark.parametrize("ring_items", [RING_ITEMS_PER_REPORT, 8], ids=["all", "held_back"])
+def test_the_head_names_the_planted_culprit_from_its_agents(tmp_path, monkeypatch, ring_items):
+    """held_back: each report sends one moving rank's rings, the others' progress."""
     monkeypatch.setenv("DIAG_NODE_TOKEN", TOKEN)
     report = tmp_path / "report.json"
-    job = launch(plan(), str(tmp_path), free_port(), ("--on-hang", "kill", "-o", str(report)))
+    job = launch(plan(ring_items=ring_items, hang_step=8), str(tmp_path), free_port(),
+                 ("--on-hang", "kill", "-o", str(report)))
     try:
         head_exit = job.head.wait(90)
         agent_exits = [agent.wait(30) for agent in job.agents]
@@ -53,4 +57,23 @@ def test_the_head_names_the_planted_culprit_from_its_agents(tmp_path, monkeypatc
         (tmp_path / "head.out").read_text()[-3000:]
     assert sorted(row["rank"] for row in body["ranks"]) == list(range(24))   # every node's
     assert agent_exits == [1, 1, 1]          # the head's stop reached every agent
+    assert not left_behind(job.head_dir)
+
+
+def test_agents_that_hold_moving_ranks_rings_back_give_no_verdict_while_the_job_steps(tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("DIAG_NODE_TOKEN", TOKEN)
+    report = tmp_path / "report.json"
+    live = plan(ring_items=8, hang_step=10**6, step_s=0.3)
+    job = launch(live, str(tmp_path), free_port(), ("-o", str(report)))
+    try:
+        time.sleep(live.t0 - time.time() + 20.0)
+        assert job.head.poll() is None, (tmp_path / "head.out").read_text()[-3000:]
+        nodes = [json.loads((tmp_path / "head" / f"node-{n}.json").read_text()) for n in (1, 2, 3)]
+    finally:
+        job.stop(wait_s=30)
+    held = [rank for node in nodes for rank, body in node["ranks"].items()
+            if body["progress_at"] is not None]
+    assert held, "no rank's rings were held back: the test would show nothing"
+    assert json.loads(report.read_text())["verdicts"] == [], (tmp_path / "head.out").read_text()[-3000:]
     assert not left_behind(job.head_dir)

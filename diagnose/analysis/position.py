@@ -22,8 +22,12 @@ def last_progress(state: RankState) -> float:
     (compiling, loading weights or a profile run's long kernels run long and
     never block, which a hang does); in any phase, a sample that read no stack
     but found the process using CPU (py-spy failed on a compiling rank: a
-    compile and a spin look alike there, and a wrong verdict is the worse error)."""
+    compile and a spin look alike there, and a wrong verdict is the worse error).
+    A rank whose rings a node's agent held back while it moved brings its last
+    progress as a time (`progress_at`)."""
     times = [state.started_at]
+    if state.progress_at is not None:
+        times.append(state.progress_at)
     for event in state.phases + state.open_phases:
         times.append(event.start if event.end is None else event.end)
     for record in state.collectives:
@@ -51,8 +55,11 @@ def seen_until(view: View, node: Node) -> float:
     its last heartbeat where that is late. A process the machine did not run
     for a moment (a loaded host) is not stuck for that moment; a freeze longer
     than FREEZE_GRACE_S (a C call that holds the GIL, SIGSTOP) counts, beyond
-    the grace."""
+    the grace. A rank whose agent holds its rings back was moving at its last
+    progress, and is judged by them once they come."""
     state = view.state(node)
+    if state.progress_at is not None:
+        return state.progress_at
     frozen = view.now - state.heartbeat_at
     if not state.alive or frozen <= LATE_HEARTBEAT_S:
         return view.now

@@ -50,7 +50,7 @@ class View:
         self._blockers: dict[tuple[str, int], set[int]] = {}
         self._memo: dict[object, object] = {}
         for rank, state in self.ranks.items():
-            self._index(rank, state.collectives)
+            self._index(rank, state.collectives, state.progress_at is not None)
         self.groups = member_groups(snapshot, self.highest_seq)
         # the last time any rank was seen compiling: a peer's compile is no stall of
         # those that wait on it, whatever a sample between two compiles reads
@@ -59,10 +59,11 @@ class View:
                                 and state.activity.compiled_at is not None
                                 and state.activity.pid == state.identity.pid), default=None)
 
-    def _index(self, rank: int, records: list[CollectiveRecord]) -> None:
+    def _index(self, rank: int, records: list[CollectiveRecord], held: bool) -> None:
         """This loop meets every record of the snapshot, so it keeps to local
         names and one pass: at 1024 ranks x 2000 records that is most of the
-        analysis's time."""
+        analysis's time. A rank whose rings its agent `held` back waits in no
+        call the view knows of: it has moved on since its last records."""
         joined, calls, highest_seq, p2p = self.joined, self.calls, self.highest_seq, self.p2p
         disagreeing = self.disagreeing
         waiting = None
@@ -95,7 +96,7 @@ class View:
             highest_seq[key] = seq if seq > highest else highest
             if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
                 waiting = record
-        if waiting is not None:
+        if waiting is not None and not held:
             self.pending[rank] = waiting
 
     def memo(self, key, make):

@@ -182,6 +182,8 @@ class RankState:
     error: RaisedError | None = None        # the first exception that left a phase
     cpu_waits: list[CpuWait] = field(default_factory=list)  # a sample a second, oldest first:
                                     # the time it waited for a CPU (local processes only)
+    progress_at: float | None = None  # set by a node's agent while it holds back the
+                                      # rank's rings: its last progress, which they lack
 
     @property
     def phase(self) -> PhaseEvent | None:

@@ -10,11 +10,24 @@ a delta on the last report the head applied (`base`, its `seq`):
      "changes": {rank: {"set": {field: value},
                         "lists": {field: [had, drop, keep, added]}}},  added: each item
                                                                     its fields' values, in order
-     "beats": [[heartbeat_at, "0-511,513"], ...]}   every rank's, one map
+     "beats": [[heartbeat_at, "0-511,513"], ...],   every rank's, one map
+     "progress": [[progress_at, "3,9-12"], ...]}    ranks whose rings it held back
 
 A list field (a ring of phases or records) becomes old[drop:drop + keep] + added,
 `had` being the length the agent knew: a healthy rank's report is its new
-records, a hung one's its heartbeat. The head applies a delta whole or not at
+records, a hung one's its heartbeat.
+
+A report carries at most `ring_items` items of the rings (RINGS) of ranks that
+moved in the last MOVING_S: those whose rings the head has held longest go
+first, and the others hold back their rings and ring count (HELD_VALUES) and
+send their last progress instead, to a tenth of a second (`progress_at`, which
+the analysis takes as progress, and until which alone it judges the rank,
+`position.seen_until`). A rank still for MOVING_S, dead or raising sends its
+rings whatever their size: the head has a stalled rank's rings well within the
+shortest stall limit, and counts its stall from its last progress, so the
+verdict comes as soon as it would have. A node of 1,024 ranks that step
+brings the head a small part of their records, and a report stays about as
+cheap as a small node's. The head applies a delta whole or not at
 all (`Known.apply`): a delta on a state the head lacks, or anything malformed,
 is a `ValueError`, and the head asks for a whole report instead. Every value it
 keeps is checked as the files' are (diagnose/core/checked.py); no object it has
@@ -22,9 +35,11 @@ handed out is modified, so a snapshot may hold them while reports arrive.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from operator import attrgetter, eq
 
+from diagnose.analysis.position import last_progress
 from diagnose.core.checked import checked, field_checks
 from diagnose.core.groups import GroupReader, encode as encode_groups
 from diagnose.core.layout import parse_ranks, rank_ranges
@@ -37,8 +52,12 @@ LISTS = tuple(ITEMS)
 ITEM_FIELDS = {name: tuple(f.name for f in fields(item)) for name, item in ITEMS.items()}
 ITEM_VALUES = {name: attrgetter(*names) for name, names in ITEM_FIELDS.items()}
 FIELDS_OF = attrgetter("__dict__")
-BEAT = "heartbeat_at"
-VALUES = tuple(f.name for f in fields(RankState) if f.name not in LISTS and f.name != BEAT)
+RINGS = ("phases", "collectives", "open_phases")   # what a moving rank may hold back,
+HELD_VALUES = ("ring_read",)                        # with the count that moves with them
+BEAT, PROGRESS = "heartbeat_at", "progress_at"
+VALUES = tuple(f.name for f in fields(RankState) if f.name not in LISTS + (BEAT, PROGRESS))
+RING_ITEMS_PER_REPORT = 512   # a probe's rank holds 128 (64 phases, 64 records)
+MOVING_S = 1.0                # half the shortest stall limit (Thresholds.floor_s)
 CHECKS = field_checks(RankState)
 
 
@@ -93,7 +112,7 @@ def _wire(name: str, value, encoded: dict[int, str]):
 
 def whole(state: RankState, encoded: dict[int, str]) -> dict:
     body = {name: _wire(name, getattr(state, name), encoded) for name in VALUES + LISTS}
-    body[BEAT] = state.heartbeat_at
+    body[BEAT], body[PROGRESS] = state.heartbeat_at, None
     return body
 
 
@@ -105,22 +124,37 @@ class Sent:
 
 class ReportWriter:
     """An agent's side: the next report, whole or as the changes since the last
-    one the head applied (`applied` says which it did)."""
+    one the head applied (`applied` says which it did); None for `ring_items`
+    sends every ring change."""
 
-    def __init__(self):
+    def __init__(self, ring_items: int | None = RING_ITEMS_PER_REPORT):
+        self.ring_items = ring_items
         self.acked: Sent | None = None     # the last report the head applied
         self.pending: Sent | None = None   # the one on its way
         self.seq = 0
+        self.rings_sent: dict[int, int] = {}   # rank -> the seq whose report last sent its rings
 
-    def report(self, ranks: dict[int, RankState]) -> dict:
+    def report(self, ranks: dict[int, RankState], now: float, complete: bool = False) -> dict:
+        """The next report, as of `now` (time.time()); `complete`: no ring held
+        back (the node's last)."""
         self.seq += 1
+        progress = {rank: last_progress(state) for rank, state in ranks.items()}
         before = self.acked.keys if self.acked is not None else {}
         keys = {rank: _rank_keys(state, before.get(rank)) for rank, state in ranks.items()}
-        self.pending = Sent(self.seq, keys)
         encoded: dict[int, str] = {}
         if self.acked is None:
+            self.pending = Sent(self.seq, keys)
+            self.rings_sent = dict.fromkeys(ranks, self.seq)
             return {"seq": self.seq, "base": None,
                     "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()}}
+        moving = {rank for rank, state in ranks.items() if now - progress[rank] < MOVING_S
+                  and state.alive and state.error is None}
+        held = set() if complete else self._held_back(moving, before, keys)
+        for rank in held:
+            values, lists = keys[rank]
+            keys[rank] = (values | {name: before[rank][0][name] for name in HELD_VALUES},
+                          lists | {name: before[rank][1][name] for name in RINGS})
+        self.pending = Sent(self.seq, keys)
         changes = {}
         for rank, state in ranks.items():
             if rank in before:
@@ -131,7 +165,26 @@ class ReportWriter:
                 "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()
                           if rank not in before},
                 "gone": [rank for rank in before if rank not in ranks],
-                "changes": changes, "beats": _beats(ranks)}
+                "changes": changes, "beats": _by_time({rank: state.heartbeat_at
+                                                       for rank, state in ranks.items()}),
+                "progress": _by_time({rank: math.floor(progress[rank] * 10) / 10
+                                      for rank in held})}
+
+    def _held_back(self, moving: set[int], before: dict, keys: dict) -> set[int]:
+        """The moving ranks whose changed rings wait: past the report's ring_items,
+        counted from those the head has held longest."""
+        if self.ring_items is None:
+            return set()
+        behind = [rank for rank in moving if rank in before
+                  and any(keys[rank][1][name] is not before[rank][1][name] for name in RINGS)]
+        behind.sort(key=lambda rank: self.rings_sent.get(rank, 0))
+        items, sent = 0, 0
+        while sent < len(behind) and items < self.ring_items:
+            items += sum(len(keys[behind[sent]][1][name]) for name in RINGS)
+            sent += 1
+        for rank in behind[:sent]:
+            self.rings_sent[rank] = self.seq
+        return set(behind[sent:])
 
     def applied(self, seq: object) -> None:
         """The head's answer: the seq it applied, or anything else for a whole report next."""
@@ -162,11 +215,11 @@ def _changes(state: RankState, old: tuple[dict, dict], new: tuple[dict, dict],
     return change
 
 
-def _beats(ranks: dict[int, RankState]) -> list:
-    """Every rank's heartbeat, the ranks that share one as ranges."""
+def _by_time(times: dict[int, float]) -> list:
+    """Ranks' times (heartbeats, progress), the ranks that share one as ranges."""
     by_time: dict[float, list[int]] = {}
-    for rank, state in ranks.items():
-        by_time.setdefault(state.heartbeat_at, []).append(rank)
+    for rank, at in times.items():
+        by_time.setdefault(at, []).append(rank)
     return [[at, rank_ranges(sorted(members))] for at, members in by_time.items()]
 
 
@@ -205,14 +258,23 @@ class Known:
             rank = _rank(name, states)
             _copy(rank, states, wire, copied)
             _change(states[rank], wire[str(rank)], _object(change, f"changes[{rank}]"), groups)
-        for pair in _list(body.get("beats", []), "beats"):
-            if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
-                raise ValueError("beats: not [heartbeat_at, ranks]")
-            at = CHECKS[BEAT](pair[0])
-            for rank in parse_ranks(pair[1]):
-                _copy(_rank(rank, states), states, wire, copied)
-                states[rank].heartbeat_at = wire[str(rank)][BEAT] = at
+        for field, key in ((BEAT, "beats"), (PROGRESS, "progress")):
+            for at, ranks in _times(body.get(key, []), key):
+                for rank in ranks:
+                    _copy(_rank(rank, states), states, wire, copied)
+                    setattr(states[rank], field, at)
+                    wire[str(rank)][field] = at
         return Known(seq, states, wire)
+
+
+def _times(pairs: object, key: str) -> list[tuple[float, list[int]]]:
+    """[[time, ranks], ...] checked: each time with the ranks it is for."""
+    times = []
+    for pair in _list(pairs, key):
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
+            raise ValueError(f"{key}: not [time, ranks]")
+        times.append((CHECKS[BEAT](pair[0]), parse_ranks(pair[1])))
+    return times
 
 
 def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> tuple[dict, dict]:
@@ -252,6 +314,8 @@ def _change(state: RankState, wire: dict, change: dict, groups: GroupReader) -> 
         added = _items(name, added)
         setattr(state, name, old[drop:drop + keep] + _checked(name, added))
         wire[name] = wire[name][drop:drop + keep] + added
+        if name in RINGS:             # the rings are the agent's now: no progress besides
+            state.progress_at = wire[PROGRESS] = None
 
 
 def _items(name: str, added: object) -> list[dict]:

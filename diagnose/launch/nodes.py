@@ -47,7 +47,7 @@ from diagnose.core.groups import GroupReader
 from diagnose.core.heap import gc_paused
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot
-from diagnose.launch.node_delta import Known, ReportWriter
+from diagnose.launch.node_delta import RING_ITEMS_PER_REPORT, Known, ReportWriter
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
 LOST_AFTER_S = 3.0          # an agent silent this long is lost
@@ -458,11 +458,12 @@ class HeadReply:
 class NodeAgent:
     """A node's launcher's line to the head; reconnects after a failure."""
 
-    def __init__(self, head: str, key: bytes, node_rank: int):
+    def __init__(self, head: str, key: bytes, node_rank: int,
+                 ring_items: int | None = RING_ITEMS_PER_REPORT):
         self.address = parse_address(head, "--head")
         self.key, self.node_rank = key, node_rank
         self.link: Link | None = None
-        self.writer = ReportWriter()
+        self.writer = ReportWriter(ring_items)
         self.note = "not connected yet"
 
     def publish(self, ranks: dict[int, RankState], command_exit: int | None, dump_done: int,
@@ -472,7 +473,7 @@ class NodeAgent:
         share this node's token."""
         try:
             link = self.link or self._connect()
-            body = self.writer.report(ranks)
+            body = self.writer.report(ranks, time.time(), complete=finished)
             link.send(body | {"command_exit": command_exit, "dump_done": dump_done,
                               "finished": finished})
             reply = link.recv()

@@ -80,8 +80,9 @@ class Agent:
     judges = False
     hub = None
 
-    def __init__(self, head: str, node_rank: int, run_dir: str):
-        self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank)
+    def __init__(self, head: str, node_rank: int, run_dir: str,
+                 ring_items: int | None = nodes.RING_ITEMS_PER_REPORT):
+        self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank, ring_items)
         self.run_dir = run_dir
         self.dumps_done = 0                 # the head's dump requests carried out
         self.verdicts: list[Verdict] = []   # the head's latest
