@@ -32,11 +32,11 @@ from diagnose.core.groups import GroupReader  # noqa: E402
 from diagnose.core.heap import tune_for_large_heaps  # noqa: E402
 from diagnose.launch import nodes  # noqa: E402
 from diagnose.launch.launcher import POLL_S  # noqa: E402
-from diagnose.launch.node_delta import RING_ITEMS_PER_REPORT, RINGS, Known, ReportWriter  # noqa: E402
+from diagnose.launch.node_delta import RINGS, Known, ReportWriter, node_share  # noqa: E402
 from diagnose.offline.synth_live import NodeRanks, Plan  # noqa: E402
 
-ARMS = {"every change": None, "held back": RING_ITEMS_PER_REPORT}
 NODES = 16
+ARMS = {"every change": None, "held back": node_share(NODES)}
 
 
 def arm(ring_items: int | None, ranks_per_node: int, history: int, healthy_s: float) -> dict:

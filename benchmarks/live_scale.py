@@ -55,7 +55,7 @@ from diagnose.analysis import analyze  # noqa: E402
 from diagnose.analysis.thresholds import Thresholds  # noqa: E402
 from diagnose.core.groups import GroupReader  # noqa: E402
 from diagnose.launch.launcher import POLL_S  # noqa: E402
-from diagnose.launch.node_delta import Known, ReportWriter  # noqa: E402
+from diagnose.launch.node_delta import Known, ReportWriter, node_share  # noqa: E402
 from diagnose.core.snapshot import RankState, Snapshot  # noqa: E402
 from diagnose.launch import nodes  # noqa: E402
 from diagnose.offline.synth import Job  # noqa: E402
@@ -283,7 +283,7 @@ def passes(args) -> dict:
 
     lagging: dict[int, Known] = {}      # odd nodes a step behind the even ones
     for node in range(1, args.nodes + 1):
-        synth, writer = NodeRanks(plan, node), ReportWriter()
+        synth, writer = NodeRanks(plan, node), ReportWriter(node_share(args.nodes))
         report(node, writer, healthy, synth.snapshot(healthy).ranks, "whole")
         lagging[node] = known[node]
         report(node, writer, healthy + plan.step_s, synth.snapshot(healthy + plan.step_s).ranks,

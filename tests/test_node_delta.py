@@ -3,6 +3,7 @@ rebuilds from a whole report and the deltas after it is what the agent holds;
 a delta the head cannot apply changes nothing it holds and asks for a whole
 report, and the link carries both on real sockets."""
 import copy
+import math
 import json
 from dataclasses import asdict
 
@@ -11,7 +12,7 @@ import pytest
 from diagnose.core.groups import GroupReader
 from diagnose.analysis import analyze
 from diagnose.analysis.position import last_progress
-from diagnose.launch.node_delta import RINGS, Known, ReportWriter
+from diagnose.launch.node_delta import HEAD_RING_ITEMS, RINGS, Known, ReportWriter, node_share
 from diagnose.launch.nodes import JSON, NodeAgent, NodeHub
 from diagnose.offline.synth import hung_job
 from diagnose.offline.synth_live import NodeRanks, Plan
@@ -44,7 +45,7 @@ def played(until: float, every: float = 0.25):
 
 
 def test_deltas_rebuild_what_the_agent_holds_through_steps_and_the_hang():
-    writer, known, groups, sizes = ReportWriter(), None, GroupReader(), []
+    writer, known, groups, sizes = ReportWriter(ring_items=None), None, GroupReader(), []
     for now, ranks in played(PLAN.hang_at + 3.0):
         body = crossed(writer.report(ranks, now))
         sizes.append(len(JSON.encode(body)))
@@ -57,7 +58,7 @@ def test_deltas_rebuild_what_the_agent_holds_through_steps_and_the_hang():
 
 
 def test_a_state_handed_out_stays_as_it_was_while_deltas_arrive():
-    writer, known, groups = ReportWriter(), None, GroupReader()
+    writer, known, groups = ReportWriter(ring_items=None), None, GroupReader()
     held = None
     for now, ranks in played(PLAN.sent_at(3)):
         known = Known.read(crossed(writer.report(ranks, now)), known, groups)
@@ -69,7 +70,7 @@ def test_a_state_handed_out_stays_as_it_was_while_deltas_arrive():
 
 
 def test_a_delta_on_a_report_the_head_lacks_is_refused_and_a_whole_one_follows():
-    writer, groups = ReportWriter(), GroupReader()
+    writer, groups = ReportWriter(ring_items=None), GroupReader()
     reports = played(PLAN.sent_at(2))
     now, first = next(reports)
     known = Known.read(crossed(writer.report(first, now)), None, groups)
@@ -93,8 +94,10 @@ def ring_items(body: dict, ranks: set[str]) -> int:
                for rank in ranks & body["changes"].keys() for name in RINGS)
 
 
-def test_a_node_past_its_ring_items_holds_moving_ranks_back_and_their_progress_still_counts():
-    budget, writer, known, groups = 40, ReportWriter(ring_items=40), None, GroupReader()
+@pytest.mark.parametrize("budget", [40, 10])
+def test_a_node_past_its_ring_items_holds_moving_ranks_back_and_their_progress_still_counts(budget):
+    """40: one rank's rings a report; 10: saved up over reports for one."""
+    writer, known, groups = ReportWriter(ring_items=budget), None, GroupReader()
     behind_for: dict[int, int] = {}     # rank -> reports in a row its rings were held back
     longest, held, progress = 0, 0, {}
     for now, ranks in played(PLAN.hang_at + 2.0):
@@ -106,7 +109,7 @@ def test_a_node_past_its_ring_items_holds_moving_ranks_back_and_their_progress_s
         progress = {rank: last_progress(state) for rank, state in ranks.items()}
         largest = max(sum(len(getattr(state, name)) for name in RINGS) for state in ranks.values())
         if body["base"] is not None:
-            assert ring_items(body, moved) <= budget + largest, now
+            assert ring_items(body, moved) <= max(budget, largest), now
         for rank, state in known.states.items():       # its progress, to a tenth of a second
             assert 0 <= progress[rank] - last_progress(state) < 0.1, (now, rank)
             late = any(getattr(state, name) != getattr(ranks[rank], name) for name in RINGS)
@@ -115,7 +118,7 @@ def test_a_node_past_its_ring_items_holds_moving_ranks_back_and_their_progress_s
             assert late or state.ring_read == ranks[rank].ring_read, (now, rank)
         longest = max(longest, *behind_for.values())
         held += len(body.get("progress", []))
-    assert held and 2 <= longest <= 4      # held back, and each in turn sent: 2 ranks a report
+    assert held and 2 <= longest <= len(ranks) * math.ceil(largest / budget)   # each in turn
     assert same(known, ranks)              # every rank stopped: the head holds what the agent does
 
 
@@ -132,6 +135,11 @@ def test_a_rank_whose_rings_are_held_back_is_judged_by_none_of_them(kind):
         job.ranks[rank].progress_at = None         # came: it is named, the rest held back
     [verdict] = analyze(job.snapshot())
     assert verdict.culprit_ranks == [13] and verdict.kind == kind
+
+
+def test_the_heads_ring_items_are_shared_by_its_nodes():
+    assert node_share(16) * 16 == HEAD_RING_ITEMS
+    assert [node_share(n) for n in (1, 2048, 10**6)] == [HEAD_RING_ITEMS, 4, 1]
 
 
 def test_a_rank_that_died_holds_nothing_back():
@@ -187,7 +195,7 @@ def garbled(body: dict) -> list[dict]:
 
 
 def test_a_garbled_delta_changes_nothing_the_head_holds():
-    writer, groups = ReportWriter(), GroupReader()
+    writer, groups = ReportWriter(ring_items=None), GroupReader()
     reports = played(PLAN.sent_at(2))
     now, first = next(reports)
     known = Known.read(crossed(writer.report(first, now)), None, groups)

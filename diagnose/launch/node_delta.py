@@ -17,8 +17,10 @@ A list field (a ring of phases or records) becomes old[drop:drop + keep] + added
 `had` being the length the agent knew: a healthy rank's report is its new
 records, a hung one's its heartbeat.
 
-A report carries at most `ring_items` items of the rings (RINGS) of ranks that
-moved in the last MOVING_S: those whose rings the head has held longest go
+The reports of all nodes carry at most HEAD_RING_ITEMS items a launcher poll of
+the rings (RINGS) of ranks that moved in the last MOVING_S, each node its share
+(`ring_items`, `node_share`), saved up over reports while a rank's rings are
+more than one report's share: those whose rings the head has held longest go
 first, and the others hold back their rings and ring count (HELD_VALUES) and
 send their last progress instead, to a tenth of a second (`progress_at`, which
 the analysis takes as progress, and until which alone it judges the rank,
@@ -56,7 +58,7 @@ RINGS = ("phases", "collectives", "open_phases")   # what a moving rank may hold
 HELD_VALUES = ("ring_read",)                        # with the count that moves with them
 BEAT, PROGRESS = "heartbeat_at", "progress_at"
 VALUES = tuple(f.name for f in fields(RankState) if f.name not in LISTS + (BEAT, PROGRESS))
-RING_ITEMS_PER_REPORT = 512   # a probe's rank holds 128 (64 phases, 64 records)
+HEAD_RING_ITEMS = 8192        # a probe's rank holds 128 (64 phases, 64 records)
 MOVING_S = 1.0                # half the shortest stall limit (Thresholds.floor_s)
 CHECKS = field_checks(RankState)
 
@@ -122,13 +124,19 @@ class Sent:
     keys: dict[int, tuple[dict, dict]]     # rank -> _rank_keys: what was sent of it
 
 
+def node_share(agents: int) -> int:
+    """One node's ring items a report, of the head's HEAD_RING_ITEMS."""
+    return max(1, HEAD_RING_ITEMS // max(1, agents))
+
+
 class ReportWriter:
     """An agent's side: the next report, whole or as the changes since the last
     one the head applied (`applied` says which it did); None for `ring_items`
     sends every ring change."""
 
-    def __init__(self, ring_items: int | None = RING_ITEMS_PER_REPORT):
+    def __init__(self, ring_items: int | None):
         self.ring_items = ring_items
+        self.credit = 0                    # ring items saved up for moving ranks' rings
         self.acked: Sent | None = None     # the last report the head applied
         self.pending: Sent | None = None   # the one on its way
         self.seq = 0
@@ -171,16 +179,19 @@ class ReportWriter:
                                       for rank in held})}
 
     def _held_back(self, moving: set[int], before: dict, keys: dict) -> set[int]:
-        """The moving ranks whose changed rings wait: past the report's ring_items,
-        counted from those the head has held longest."""
+        """The moving ranks whose changed rings wait past the items saved up, those
+        the head has held longest sent first. What is saved up never passes one
+        report's ring_items or the first waiting rank's rings, whichever is more."""
         if self.ring_items is None:
             return set()
         behind = [rank for rank in moving if rank in before
                   and any(keys[rank][1][name] is not before[rank][1][name] for name in RINGS)]
         behind.sort(key=lambda rank: self.rings_sent.get(rank, 0))
-        items, sent = 0, 0
-        while sent < len(behind) and items < self.ring_items:
-            items += sum(len(keys[behind[sent]][1][name]) for name in RINGS)
+        costs = [sum(len(keys[rank][1][name]) for name in RINGS) for rank in behind]
+        self.credit = min(self.credit + self.ring_items, max([self.ring_items] + costs[:1]))
+        sent = 0
+        while sent < len(behind) and costs[sent] <= self.credit:
+            self.credit -= costs[sent]
             sent += 1
         for rank in behind[:sent]:
             self.rings_sent[rank] = self.seq

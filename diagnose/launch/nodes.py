@@ -47,7 +47,7 @@ from diagnose.core.groups import GroupReader
 from diagnose.core.heap import gc_paused
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot
-from diagnose.launch.node_delta import RING_ITEMS_PER_REPORT, Known, ReportWriter
+from diagnose.launch.node_delta import HEAD_RING_ITEMS, Known, ReportWriter
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
 LOST_AFTER_S = 3.0          # an agent silent this long is lost
@@ -459,7 +459,8 @@ class NodeAgent:
     """A node's launcher's line to the head; reconnects after a failure."""
 
     def __init__(self, head: str, key: bytes, node_rank: int,
-                 ring_items: int | None = RING_ITEMS_PER_REPORT):
+                 ring_items: int | None = HEAD_RING_ITEMS):
+        """ring_items: this node's share of the head's ring items a report (node_share)."""
         self.address = parse_address(head, "--head")
         self.key, self.node_rank = key, node_rank
         self.link: Link | None = None

@@ -10,6 +10,7 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.launch import flight, nodes
 from diagnose.launch.collector import request_dump
+from diagnose.launch.node_delta import node_share
 
 NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks' dump
 
@@ -80,8 +81,7 @@ class Agent:
     judges = False
     hub = None
 
-    def __init__(self, head: str, node_rank: int, run_dir: str,
-                 ring_items: int | None = nodes.RING_ITEMS_PER_REPORT):
+    def __init__(self, head: str, node_rank: int, run_dir: str, ring_items: int | None):
         self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank, ring_items)
         self.run_dir = run_dir
         self.dumps_done = 0                 # the head's dump requests carried out
@@ -122,5 +122,5 @@ def role_of(thresholds: Thresholds, listen: str | None, head: str | None, run_di
     if listen:
         return Head(thresholds, listen, run_dir, nnodes)
     if head:
-        return Agent(head, node_rank, run_dir)
+        return Agent(head, node_rank, run_dir, node_share(nnodes - 1))
     return Solo(thresholds)

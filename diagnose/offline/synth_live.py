@@ -30,7 +30,7 @@ from diagnose.core.heap import tune_for_large_heaps
 from diagnose.core.snapshot import RankState, Snapshot
 from diagnose.core.vocab import STARTUP_PHASES, Phase, Role
 from diagnose.launch.launcher import POLL_S
-from diagnose.launch.node_delta import RING_ITEMS_PER_REPORT
+from diagnose.launch.node_delta import node_share
 from diagnose.offline.synth import OP_S, Job, check_layout, hang_step
 
 STARTUP_S = 0.25     # each start-up phase, ending at the plan's t0
@@ -47,7 +47,7 @@ class Plan:
     step_s: float
     hang_step: int
     history: int = 16       # phases and records kept per rank (the probe's rings hold 64)
-    ring_items: int | None = RING_ITEMS_PER_REPORT   # an agent's report's, of moving ranks
+    ring_items: int | None = None   # an agent's report's, of moving ranks; None: as diag's share
 
     @property
     def world(self) -> int:
@@ -192,7 +192,8 @@ def run_node(plan: Plan, head: str, node_rank: int, run_dir: str) -> int:
     ranks = NodeRanks(plan, node_rank)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.makedirs(run_dir, exist_ok=True)
-    agent = Agent(head, node_rank, run_dir, plan.ring_items)
+    agent = Agent(head, node_rank, run_dir,
+                  node_share(plan.nodes) if plan.ring_items is None else plan.ring_items)
     snapshot = None
     try:
         while True:
