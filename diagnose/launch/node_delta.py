@@ -169,6 +169,8 @@ class ReportWriter:
                 change = _changes(state, before[rank], keys[rank], encoded)
                 if change:
                     changes[str(rank)] = change
+                if not change.get("lists", {}).keys().isdisjoint(RINGS):
+                    self.rings_sent[rank] = self.seq
         return {"seq": self.seq, "base": self.acked.seq,
                 "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()
                           if rank not in before},
@@ -193,8 +195,6 @@ class ReportWriter:
         while sent < len(behind) and costs[sent] <= self.credit:
             self.credit -= costs[sent]
             sent += 1
-        for rank in behind[:sent]:
-            self.rings_sent[rank] = self.seq
         return set(behind[sent:])
 
     def applied(self, seq: object) -> None:
