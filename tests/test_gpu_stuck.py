@@ -154,6 +154,13 @@ def test_a_single_gpu_that_stopped_in_a_steps_work_is_gpu_stuck_not_the_host_in_
     assert 5.9 < verdict.detected_after_s < 6.1
 
 
+def test_a_rank_whose_agent_holds_its_rings_back_is_not_judged_by_its_gpu_work():
+    """Its host moved 0.3 s ago: the phase whose limit applies is unknown."""
+    job = single_gpu_hang(6.0)
+    job.ranks[0].progress_at = job.now - 0.3
+    assert analyze(job.snapshot()) == []
+
+
 def test_a_single_gpu_is_given_the_stall_limit_too():
     assert analyze(single_gpu_hang(1.0).snapshot()) == []
 

@@ -30,6 +30,8 @@ def gpu_work_verdicts(view: View, graph: dict[Node, set[Node]], limits: StallLim
         work = state.device_pending
         if work is None or rank in named or rank in view.deaths:
             continue
+        if state.progress_at is not None:
+            continue                # its agent holds its rings back: the phase it is in is unknown
         record = view.pending.get(rank)
         if record is not None and record.device:
             continue
