@@ -32,7 +32,7 @@ from diagnose.core.groups import GroupReader  # noqa: E402
 from diagnose.core.heap import tune_for_large_heaps  # noqa: E402
 from diagnose.launch import nodes  # noqa: E402
 from diagnose.launch.launcher import POLL_S  # noqa: E402
-from diagnose.launch.node_delta import RINGS, Known, ReportWriter, node_share  # noqa: E402
+from diagnose.launch.node_delta import Known, ReportWriter, node_share  # noqa: E402
 from diagnose.offline.synth_live import NodeRanks, Plan  # noqa: E402
 
 NODES = 16
@@ -77,9 +77,7 @@ def arm(ring_items: int | None, ranks_per_node: int, history: int, healthy_s: fl
 
 
 def _same(known: Known, ranks: dict) -> bool:
-    return all(getattr(known.states[rank], name) == getattr(state, name)
-               for rank, state in ranks.items() for name in RINGS) and \
-        {rank: asdict(state) for rank, state in known.states.items()} == \
+    return {rank: asdict(state) for rank, state in known.states.items()} == \
         {rank: asdict(state) for rank, state in ranks.items()}
 
 
@@ -99,8 +97,8 @@ def table(result: dict) -> str:
              f"{result['rounds']} | {before} | {after} | ratio |", "|---|---|---|---|"]
     for label, key, form in rows:
         a, b = median(before, key), median(after, key)
-        lines.append(f"| {label} | {form.format(a)} | {form.format(b)} | "
-                     f"{a / b if b else float('inf'):.1f}x |")
+        ratio = f"{a / b:.1f}x" if a and b else "-"
+        lines.append(f"| {label} | {form.format(a)} | {form.format(b)} | {ratio} |")
     caught = [run["caught_up_after_hang"] for run in by_arm[after]]
     lines.append("| the head holds every rank as its agent, after the hang | "
                  + " | ".join(", ".join("never" if c is None else f"{c['after_hang_s']:.2f} s"

@@ -1,6 +1,6 @@
 """False alarms with held-back rings: a real head and agents on loopback
-(diagnose/offline/synth_live.py) whose agents send one moving rank's rings a
-report (`ring_items`), run after run: healthy runs must end with no verdict,
+(diagnose/offline/synth_live.py) whose agents save up 8 ring items a report
+(`ring_items`), one moving rank's rings every few reports, run after run: healthy runs must end with no verdict,
 and runs with a planted hang with its culprit alone.
 
     PYTHONPATH=. python benchmarks/held_rings_stress.py [--runs 4] [--healthy-s 20]

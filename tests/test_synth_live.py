@@ -40,7 +40,8 @@ def test_node_ranks_step_and_then_hang_as_planned():
 
 @pytest.mark.parametrize("ring_items", [None, 8], ids=["share", "held_back"])
 def test_the_head_names_the_planted_culprit_from_its_agents(tmp_path, monkeypatch, ring_items):
-    """held_back: each report sends one moving rank's rings, the others' progress."""
+    """held_back: 8 ring items saved up a report, one moving rank's rings every few
+    reports; the others send their progress."""
     monkeypatch.setenv("DIAG_NODE_TOKEN", TOKEN)
     report = tmp_path / "report.json"
     job = launch(plan(ring_items=ring_items, hang_step=8), str(tmp_path), free_port(),

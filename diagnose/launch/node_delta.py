@@ -146,7 +146,6 @@ class ReportWriter:
         """The next report, as of `now` (time.time()); `complete`: no ring held
         back (the node's last)."""
         self.seq += 1
-        progress = {rank: last_progress(state) for rank, state in ranks.items()}
         before = self.acked.keys if self.acked is not None else {}
         keys = {rank: _rank_keys(state, before.get(rank)) for rank, state in ranks.items()}
         encoded: dict[int, str] = {}
@@ -155,9 +154,8 @@ class ReportWriter:
             self.rings_sent = dict.fromkeys(ranks, self.seq)
             return {"seq": self.seq, "base": None,
                     "ranks": {str(rank): whole(state, encoded) for rank, state in ranks.items()}}
-        moving = {rank for rank, state in ranks.items() if now - progress[rank] < MOVING_S
-                  and state.alive and state.error is None}
-        held = set() if complete else self._held_back(moving, before, keys)
+        held = ({} if complete or self.ring_items is None
+                else self._held_back(ranks, now, before, keys))
         for rank in held:
             values, lists = keys[rank]
             keys[rank] = (values | {name: before[rank][0][name] for name in HELD_VALUES},
@@ -177,16 +175,18 @@ class ReportWriter:
                 "gone": [rank for rank in before if rank not in ranks],
                 "changes": changes, "beats": _by_time({rank: state.heartbeat_at
                                                        for rank, state in ranks.items()}),
-                "progress": _by_time({rank: math.floor(progress[rank] * 10) / 10
-                                      for rank in held})}
+                "progress": _by_time({rank: math.floor(at * 10) / 10
+                                      for rank, at in held.items()})}
 
-    def _held_back(self, moving: set[int], before: dict, keys: dict) -> set[int]:
-        """The moving ranks whose changed rings wait past the items saved up, those
-        the head has held longest sent first. What is saved up never passes one
-        report's ring_items or the first waiting rank's rings, whichever is more."""
-        if self.ring_items is None:
-            return set()
-        behind = [rank for rank in moving if rank in before
+    def _held_back(self, ranks: dict[int, RankState], now: float, before: dict,
+                   keys: dict) -> dict[int, float]:
+        """The ranks that moved within MOVING_S and whose changed rings wait past the
+        items saved up, with their last progress; those the head has held longest
+        are sent first. What is saved up never passes one report's ring_items or
+        the first waiting rank's rings, whichever is more."""
+        progress = {rank: last_progress(state) for rank, state in ranks.items()
+                    if rank in before and state.alive and state.error is None}
+        behind = [rank for rank, at in progress.items() if now - at < MOVING_S
                   and any(keys[rank][1][name] is not before[rank][1][name] for name in RINGS)]
         behind.sort(key=lambda rank: self.rings_sent.get(rank, 0))
         costs = [sum(len(keys[rank][1][name]) for name in RINGS) for rank in behind]
@@ -195,7 +195,7 @@ class ReportWriter:
         while sent < len(behind) and costs[sent] <= self.credit:
             self.credit -= costs[sent]
             sent += 1
-        return set(behind[sent:])
+        return {rank: progress[rank] for rank in behind[sent:]}
 
     def applied(self, seq: object) -> None:
         """The head's answer: the seq it applied, or anything else for a whole report next."""
