@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from diagnose.core.checked import checked
+from diagnose.core.checked import checked, row_check
 
 pytestmark = pytest.mark.unit
 
@@ -57,3 +57,23 @@ def test_a_nested_refusal_names_the_outer_field():
         checked(Rank, {"rank": 0, "calls": [{"seq": 1, "took": float("inf")}]})
     with pytest.raises(ValueError, match=r"^Rank.last: dict is none of "):
         checked(Rank, {"rank": 0, "last": {"seq": 1, "took": float("inf")}})
+
+
+def test_a_row_is_checked_as_its_dict_would_be():
+    row = [1, 2, "all_reduce", [0, 1]]
+    built = row_check(Call)(row)
+    assert built == checked(Call, {"seq": 1, "took": 2, "name": "all_reduce", "ranks": [0, 1]})
+    assert type(built.took) is float and row == [1, 2, "all_reduce", [0, 1]]   # the row unchanged
+
+
+@pytest.mark.parametrize("row, says", [
+    ([1, float("inf"), None, []], "Call.took: inf is not a finite number"),
+    ([True, 1.0, None, []], "Call.seq: True is not a whole number"),
+    ([1, 1.0, None, [0, "1"]], "Call.ranks: '1' is not a whole number"),
+    ([1, 1.0, None], "Call: not a row of its 4 fields' values"),     # each field, defaults too
+    ({"seq": 1, "took": 1.0}, "Call: not a row of its 4 fields' values"),
+])
+def test_a_row_that_does_not_fit_is_refused_by_field(row, says):
+    with pytest.raises(ValueError) as refused:
+        row_check(Call)(row)
+    assert str(refused.value).startswith(says)

@@ -12,8 +12,9 @@ import pytest
 from diagnose.core.groups import GroupReader
 from diagnose.analysis import analyze
 from diagnose.analysis.position import last_progress
-from diagnose.launch.node_delta import HEAD_RING_ITEMS, RINGS, Known, ReportWriter, node_share
-from diagnose.launch.nodes import JSON, NodeAgent, NodeHub
+from diagnose.launch.node_delta import (HEAD_RING_ITEMS, LISTS, RINGS, Known, ReportWriter,
+                                         node_share)
+from diagnose.launch.nodes import JSON, NodeAgent, NodeFiles, NodeHub
 from diagnose.offline.synth import hung_job
 from diagnose.offline.synth_live import NodeRanks, Plan
 from helpers.run import free_port
@@ -254,3 +255,38 @@ def test_over_the_link_the_head_applies_deltas_and_resyncs_after_garbage(tmp_pat
     saved = json.loads((tmp_path / "node-2.json").read_text())
     assert sorted(saved["ranks"], key=int) == [str(rank) for rank in range(8, 16)]
     assert saved["ranks"]["13"]["heartbeat_at"] == ranks[13].heartbeat_at
+
+
+def test_a_node_file_of_either_schema_reads_back_as_the_ranks_the_head_held(tmp_path):
+    """Schema 2 writes a rank's list items as rows; files of schema 1 hold objects."""
+    hub = NodeHub(f"127.0.0.1:{free_port()}", KEY, str(tmp_path), nnodes=3)
+    writer, known = ReportWriter(ring_items=None), None
+    for now, ranks in played(PLAN.hang_at + 1.0):
+        known = Known.read(crossed(writer.report(ranks, now)), known, hub.groups)
+        writer.applied(known.seq)
+    try:
+        hub.reports[2].received_at, hub.reports[2].connected = now, True
+        hub.known[2] = known
+        hub.save_all()
+    finally:
+        hub.close()
+    path = tmp_path / "node-2.json"
+    saved = json.loads(path.read_text())
+    assert saved["schema_version"] == 2 and type(saved["ranks"]["13"]["phases"][0]) is list
+    assert refused_none_and_node_2(tmp_path) == ranks_as_dicts(ranks)
+    for rank, body in saved["ranks"].items():           # as a head of schema 1 wrote them
+        body.update({name: [asdict(item) for item in getattr(ranks[int(rank)], name)]
+                     for name in LISTS})
+    path.write_text(json.dumps(saved | {"schema_version": 1}))
+    assert refused_none_and_node_2(tmp_path) == ranks_as_dicts(ranks)
+
+
+def refused_none_and_node_2(run_dir) -> dict:
+    nodes, _, refused = NodeFiles().read(str(run_dir))
+    assert refused == []
+    [node] = [node for node in nodes if node.report.node_rank == 2]
+    return ranks_as_dicts(node.states)
+
+
+def ranks_as_dicts(ranks: dict) -> dict:
+    return {rank: asdict(state) for rank, state in ranks.items()}

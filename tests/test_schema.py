@@ -35,7 +35,7 @@ def test_a_version_is_read_up_to_the_current_one_and_refused_past_it():
 
 @pytest.mark.parametrize("name, body, current", [
     ("exit.json", {"command_exit": 0, "stopped_by": None, "stop": None}, 2),
-    ("node-1.json", {"node_rank": 1, "ranks": {}}, 1),
+    ("node-1.json", {"node_rank": 1, "ranks": {}}, 2),
 ])
 def test_a_run_dir_file_from_a_newer_diag_is_refused_with_one_line(tmp_path, capsys, name, body,
                                                                     current):

@@ -82,6 +82,32 @@ def _dataclass(cls: type) -> Check:
     return check
 
 
+@lru_cache(maxsize=None)
+def row_check(cls: type) -> Check:
+    """The check of one row of the dataclass cls: a list of its fields' values in
+    their order, each checked as `checked` checks it within a dict; the object."""
+    names = tuple(field.name for field in dataclasses.fields(cls))
+    hints = typing.get_type_hints(cls)
+    taken = tuple(_taken_as_is(hints[name]) for name in names)
+    checks = field_checks(cls)
+
+    def check(row):
+        if type(row) is not list or len(row) != len(names):
+            raise ValueError(f"{cls.__name__}: not a row of its {len(names)} fields' values")
+        values = row
+        for index, value in enumerate(row):
+            if type(value) in taken[index] and (type(value) is not float or math.isfinite(value)):
+                continue
+            if values is row:
+                values = list(row)
+            try:
+                values[index] = checks[names[index]](value)
+            except ValueError as error:
+                raise ValueError(f"{cls.__name__}.{names[index]}: {error}") from None
+        return cls(*values)
+    return check
+
+
 def _taken_as_is(hint) -> frozenset:
     """The exact types whose values a field of this hint holds unchanged (its
     check would return them as they are): the plain ones, and None where allowed."""

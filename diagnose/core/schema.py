@@ -35,8 +35,10 @@ class Document(Name):
 
 
 # 2 for exit and report: command_exit is null when diag stopped the command
-# (exit_after_stop holds what it returned then)
-CURRENT = {document: 1 for document in Document} | {Document.EXIT: 2, Document.REPORT: 2}
+# (exit_after_stop holds what it returned then); 2 for node: a rank's list fields
+# hold rows (each item's fields' values, in order), not objects
+CURRENT = {document: 1 for document in Document} | {Document.EXIT: 2, Document.REPORT: 2,
+                                                    Document.NODE: 2}
 
 
 class NewerSchema(ValueError):

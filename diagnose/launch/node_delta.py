@@ -1,7 +1,10 @@
 """An agent's reports as changes: what crosses the node link after the first report.
 
 The first report on a link, and any after the head asked for it, is whole: every
-rank's state as `dataclasses.asdict` writes it, groups as ranges. Every other is
+rank's state as `dataclasses.asdict` writes it, but groups as ranges and each
+list's items as rows (an item's fields' values, in order: the head checks a row
+without making a dict of it). The head keeps that form (`Known.wire`) and writes
+it to the node's file. Every other report is
 a delta on the last report the head applied (`base`, its `seq`):
 
     {"seq": 8, "base": 7,
@@ -39,10 +42,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from operator import attrgetter, eq
 
 from diagnose.analysis.position import last_progress
-from diagnose.core.checked import checked, field_checks
+from diagnose.core.checked import checked, field_checks, row_check
 from diagnose.core.groups import GroupReader, encode as encode_groups
 from diagnose.core.layout import parse_ranks, rank_ranges
 from diagnose.core.snapshot import (CollectiveRecord, CpuWait, Identity, PhaseEvent, RankState,
@@ -53,6 +57,8 @@ ITEMS = {"phases": PhaseEvent, "collectives": CollectiveRecord, "open_phases": P
 LISTS = tuple(ITEMS)
 ITEM_FIELDS = {name: tuple(f.name for f in fields(item)) for name, item in ITEMS.items()}
 ITEM_VALUES = {name: attrgetter(*names) for name, names in ITEM_FIELDS.items()}
+ROW_CHECKS = {name: row_check(item) for name, item in ITEMS.items()}
+ITEM_CHECKS = {name: partial(checked, item) for name, item in ITEMS.items()}
 FIELDS_OF = attrgetter("__dict__")
 RINGS = ("phases", "collectives", "open_phases")   # what a moving rank may hold back,
 HELD_VALUES = ("ring_read",)                        # with the count that moves with them
@@ -103,12 +109,13 @@ def _list_change(old: list, new: list) -> tuple[int, int] | None:
 
 def _wire(name: str, value, encoded: dict[int, str]):
     """A field's value as it crosses: asdict's form, groups as ranges, each list
-    of members encoded once (`encoded`, by the list's id: a node's ranks share them)."""
+    of members encoded once (`encoded`, by the list's id: a node's ranks share them),
+    a list's items as rows (their fields' values in order: checked without a dict)."""
     if name == "identity":
         return {**{f.name: getattr(value, f.name) for f in fields(Identity)},
                 "groups": encode_groups(value.groups, encoded)}
     if name in LISTS:            # their items are flat: their fields are JSON already
-        return [dict(item.__dict__) for item in value]
+        return [list(ITEM_VALUES[name](item)) for item in value]
     return asdict(value) if hasattr(value, "__dataclass_fields__") else value
 
 
@@ -295,7 +302,11 @@ def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> t
         body = _object(body, f"rank {rank}")
         identity = _object(body.get("identity"), f"rank {rank}: identity")
         try:
-            state = checked(RankState, dict(body, identity=dict(identity, groups={})))
+            state = checked(RankState, dict(body, identity=dict(identity, groups={}),
+                                            **{name: [] for name in LISTS if name in body}))
+            for name in LISTS:
+                if name in body:
+                    setattr(state, name, _items(name, body[name]))
         except ValueError as error:
             raise ValueError(f"rank {rank}: {error}") from None
         state.identity.groups = groups.read(identity.get("groups", {}))
@@ -322,20 +333,22 @@ def _change(state: RankState, wire: dict, change: dict, groups: GroupReader) -> 
                 or had != len(old) or drop + keep > had:
             raise ValueError(f"lists[{name}]: {had, drop, keep} does not fit the "
                              f"{len(old)} the head holds")
-        added = _items(name, added)
-        setattr(state, name, old[drop:drop + keep] + _checked(name, added))
+        setattr(state, name, old[drop:drop + keep] + _items(name, added))
         wire[name] = wire[name][drop:drop + keep] + added
         if name in RINGS:             # the rings are the agent's now: no progress besides
             state.progress_at = wire[PROGRESS] = None
 
 
-def _items(name: str, added: object) -> list[dict]:
-    """A list's new items, each from its fields' values in order, as asdict has them."""
-    names = ITEM_FIELDS[name]
-    if not isinstance(added, list) or not all(
-            isinstance(item, list) and len(item) == len(names) for item in added):
-        raise ValueError(f"lists[{name}]: items that are not {len(names)} values each")
-    return [dict(zip(names, item)) for item in added]
+def _items(name: str, items: object) -> list:
+    """A list field's items, checked: each a row (its fields' values in order), or
+    an object of its fields as node files of schema 1 hold them."""
+    if not isinstance(items, list):
+        raise ValueError(f"RankState.{name}: not a list")
+    row, whole = ROW_CHECKS[name], ITEM_CHECKS[name]
+    try:
+        return [row(item) if type(item) is list else whole(item) for item in items]
+    except ValueError as error:
+        raise ValueError(f"RankState.{name}: {error}") from None
 
 
 def _identity(value: object, groups: GroupReader) -> Identity:
