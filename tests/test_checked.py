@@ -43,6 +43,7 @@ def test_a_whole_object_is_built_with_its_nested_dataclasses():
     ({"seq": "1", "took": 1.0}, "Call.seq: '1' is not a whole number"),
     ({"seq": 1, "took": 1.0, "name": 5}, "Call.name: 5 is none of"),
     ({"seq": 1, "took": 1.0, "ranks": [0, "1"]}, "Call.ranks: '1' is not a whole number"),
+    ({"seq": 1, "took": 1.0, "ranks": [0, True]}, "Call.ranks: True is not a whole number"),
     ({"seq": 1}, "Call: "),                                    # a required field missing
     ([1, 2.0], "Call: not an object"),
 ])

@@ -41,7 +41,8 @@ def _check_for(hint) -> Check:
         return _one_of(hint, [_check_for(option) for option in options if option is not type(None)],
                        type(None) in options)
     if origin is list:
-        return _list_of(_check_for(typing.get_args(hint)[0]))
+        item = typing.get_args(hint)[0]
+        return _list_of(_check_for(item), _taken_as_is(item) - {float})
     if origin is dict:
         key_hint, item_hint = typing.get_args(hint)
         return _dict_of(_check_for(key_hint), _check_for(item_hint))
@@ -131,10 +132,14 @@ def _one_of(hint, options: list[Check], nullable: bool) -> Check:
     return check
 
 
-def _list_of(item: Check) -> Check:
+def _list_of(item: Check, taken: frozenset = frozenset()) -> Check:
+    """A list's check; one whose elements are all of types `taken` (its item's
+    check would return them as they are) is copied whole, its types sorted in C."""
     def check(value):
         if not isinstance(value, list):
             raise ValueError(f"{_short(value)} is not a list")
+        if taken and taken.issuperset(map(type, value)):
+            return value.copy()
         return [item(element) for element in value]
     return check
 
