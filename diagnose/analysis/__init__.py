@@ -109,15 +109,15 @@ def _judge(snapshot: Snapshot, thresholds: Thresholds) -> list[Verdict]:
     raised = raised_verdicts(view, graph, limits)
     # the job's first exception came before every other death: those are what it set off
     deaths = [] if raised else dead_verdicts(view, graph)
-    verdicts = raised + deaths + ([] if left else hang_verdicts(view, limits, raised))
+    verdicts = raised + deaths + ([] if left else hang_verdicts(view, limits, raised, graph))
     return verdicts + straggler_verdicts(view, thresholds)
 
 
-def hang_verdicts(view: View, limits: StallLimits,
-                  raised: list[Verdict] | None = None) -> list[Verdict]:
+def hang_verdicts(view: View, limits: StallLimits, raised: list[Verdict] | None = None,
+                  graph: dict[Node, set[Node]] | None = None) -> list[Verdict]:
     """The hangs; the job's first exception among them unless `raised` holds it
-    already (then it only counts as named)."""
-    graph = wait_for_graph(view)
+    already (then it only counts as named). `graph`: the view's, where made already."""
+    graph = wait_for_graph(view) if graph is None else graph
     first = raised_verdicts(view, graph, limits) if raised is None else []
     verdicts = mismatch_verdicts(view)
     verdicts += skipped_collective_verdicts(view, graph, limits)
