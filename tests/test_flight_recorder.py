@@ -312,11 +312,11 @@ def test_a_worker_is_ended_by_the_pools_sigterm_whatever_handler_it_inherits():
     diag's CLI handler, inherited, can miss it, and the close waits forever."""
     import signal
 
-    from diagnose.offline import flight_recorder
+    from diagnose.core import workers
 
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        with flight_recorder._pool(2) as pool:
+        with workers.pool(2) as pool:
             inherited = pool.apply(signal.getsignal, (signal.SIGTERM,))
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -34,12 +34,9 @@ damaged probe file is, and never makes its waiters culprits.
 from __future__ import annotations
 
 import io
-import multiprocessing
 import os
-import pickle
 import re
 import resource
-import signal
 import stat
 from collections import defaultdict
 from collections.abc import Iterator
@@ -50,6 +47,7 @@ from diagnose.core import progress
 from diagnose.core.heap import gc_paused
 from diagnose.core.layout import rank_list
 from diagnose.core.snapshot import CollectiveRecord, Identity, RankState, Snapshot
+from diagnose.core.workers import PlainUnpickler, cores, pool, sent
 from diagnose.core.vocab import Role
 from diagnose.offline.fr_entries import GLOO_UNKNOWN, BadEntry, RankEntries, rows_of
 from diagnose.offline.fr_groups import config_of, group_names, place, resolve_groups
@@ -77,12 +75,6 @@ class FlightRecorderRun:
     group_names: dict[str, set[str]]  # torch's names of a group (pg name, desc) -> diag's labels
 
 
-class _DataOnlyUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a Flight Recorder dump "
-                                     f"holds plain data only")
-
-
 def load_dump(path: str) -> dict:
     """One rank's dump as a dict, or FlightRecorderError. The file's size is
     checked before it is read, and it is unpickled as it streams in."""
@@ -108,7 +100,7 @@ def load_dump(path: str) -> dict:
 def _unpickle(name: str, source) -> object:
     try:
         with _address_space_capped(UNPICKLE_BYTES + UNPICKLE_PER_BYTE * os.fstat(source.fileno()).st_size):
-            return _DataOnlyUnpickler(source).load()
+            return PlainUnpickler(source, what="a Flight Recorder dump").load()
     except EOFError:
         raise FlightRecorderError(f"{name}: truncated pickle") from None
     except MemoryError:
@@ -226,12 +218,12 @@ def _read_all(path: str, files: list[tuple[str, int]]) -> Iterator[tuple | str]:
     names = [name for name, _ in files]
     tasks = [(path, names[start:start + FILES_PER_TASK])
              for start in range(0, len(names), FILES_PER_TASK)]
-    workers = min(_cores(), len(tasks)) if len(names) >= PARALLEL_FROM else 1
-    with _pool(workers) as pool:
-        done = pool.imap(_read_task, tasks) if pool else map(_read_task, tasks)
+    workers = min(cores(), len(tasks)) if len(names) >= PARALLEL_FROM else 1
+    with pool(workers) as readers:
+        done = readers.imap(_read_task, tasks) if readers else map(_read_task, tasks)
         with _bar(len(names)) as advance:
-            for (_, task_names), sent in zip(tasks, done):
-                read = _DataOnlyUnpickler(io.BytesIO(sent)).load()
+            for (_, task_names), data in zip(tasks, done):
+                read = PlainUnpickler(io.BytesIO(data)).load()
                 advance(len(task_names), task_names[-1])
                 yield from read
 
@@ -242,42 +234,10 @@ def _bar(count: int):
     return progress.bar(f"reading {count} Flight Recorder dumps", count, "dumps", summary=False)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:               # no sched_getaffinity (macOS)
-        return os.cpu_count() or 1
-
-
-@contextmanager
-def _pool(workers: int):
-    """A pool of `workers` processes, or None for one: then the caller reads in
-    this process. Forked where the platform can: the workers start in
-    milliseconds with this process's modules already imported."""
-    if workers < 2:
-        yield None
-        return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with context.Pool(workers, initializer=_ended_by_sigterm) as pool:
-        yield pool
-
-
-def _ended_by_sigterm() -> None:
-    """In a worker: SIGTERM and SIGHUP end it as the kernel ends a process. The
-    pool is closed by holding its task queue's lock and sending each worker
-    SIGTERM; the handler a worker inherits from diag's CLI (it raises
-    SystemExit) can miss a signal that comes as the worker blocks on that lock,
-    and the close then waits for it forever (seen: 1 run of 13 at 4,096 dumps)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def _read_task(task: tuple[str, list[str]]) -> bytes:
     """In a worker: _read_one of each file of the task, pickled."""
     path, names = task
-    return pickle.dumps([_read_one(path, name) for name in names],
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    return sent([_read_one(path, name) for name in names])
 
 
 def _read_one(path: str, name: str) -> tuple | str:
