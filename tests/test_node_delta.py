@@ -5,11 +5,17 @@ report, and the link carries both on real sockets."""
 import copy
 import math
 import json
+import multiprocessing
+from dataclasses import replace
 from dataclasses import asdict
 
 import pytest
 
 from diagnose.core.groups import GroupReader
+from diagnose.core.rows import as_row, built
+from diagnose.core.snapshot import (ActivitySample, CpuWait, DeviceWork, FaultRecord, KVStats,
+                                    RaisedError, RankState)
+from diagnose.launch import nodes
 from diagnose.analysis import analyze
 from diagnose.analysis.position import last_progress
 from diagnose.launch.node_delta import (HEAD_RING_ITEMS, LISTS, RINGS, Known, ReportWriter,
@@ -259,17 +265,7 @@ def test_over_the_link_the_head_applies_deltas_and_resyncs_after_garbage(tmp_pat
 
 def test_a_node_file_of_either_schema_reads_back_as_the_ranks_the_head_held(tmp_path):
     """Schema 2 writes a rank's list items as rows; files of schema 1 hold objects."""
-    hub = NodeHub(f"127.0.0.1:{free_port()}", KEY, str(tmp_path), nnodes=3)
-    writer, known = ReportWriter(ring_items=None), None
-    for now, ranks in played(PLAN.hang_at + 1.0):
-        known = Known.read(crossed(writer.report(ranks, now)), known, hub.groups)
-        writer.applied(known.seq)
-    try:
-        hub.reports[2].received_at, hub.reports[2].connected = now, True
-        hub.known[2] = known
-        hub.save_all()
-    finally:
-        hub.close()
+    ranks = saved_node_files(tmp_path)[2]
     path = tmp_path / "node-2.json"
     saved = json.loads(path.read_text())
     assert saved["schema_version"] == 2 and type(saved["ranks"]["13"]["phases"][0]) is list
@@ -290,3 +286,53 @@ def refused_none_and_node_2(run_dir) -> dict:
 
 def ranks_as_dicts(ranks: dict) -> dict:
     return {rank: asdict(state) for rank, state in ranks.items()}
+
+
+def saved_node_files(run_dir, nodes_=(2,)) -> dict[int, dict]:
+    """The node files a head writes for these nodes (PLAN's ranks, as of an hour
+    past the hang); each node's ranks as the agent held them."""
+    hub = NodeHub(f"127.0.0.1:{free_port()}", KEY, str(run_dir), nnodes=max(nodes_) + 1)
+    held = {}
+    try:
+        for node in nodes_:
+            writer, known, synth = ReportWriter(ring_items=None), None, NodeRanks(PLAN, node)
+            for now in (PLAN.hang_at, PLAN.hang_at + 1.0):
+                held[node] = synth.snapshot(now).ranks
+                known = Known.read(crossed(writer.report(held[node], now)), known, hub.groups)
+                writer.applied(known.seq)
+            hub.reports[node].received_at, hub.reports[node].connected = now, True
+            hub.known[node] = known
+        hub.save_all()
+    finally:
+        hub.close()
+    return held
+
+
+def test_a_state_and_everything_in_it_comes_back_from_its_row():
+    [state] = [state for state in NodeRanks(PLAN, 2).snapshot(PLAN.hang_at).ranks.values()
+               if state.collectives][:1]
+    full = replace(state, kv=KVStats(3, 10, 20, 30, 40, 0), fault=FaultRecord("hang", None),
+                   device_pending=DeviceWork("execute_model", 4, 1.5),
+                   activity=ActivitySample("collective", 2.0, 77, frames=["a.py:1 f"]),
+                   error=RaisedError(77, 3.0, "execute_model", 4, "RuntimeError: x", None),
+                   cpu_waits=[CpuWait(1.0, 0.5), CpuWait(2.0, 0.75)], stacks={"main": ["f"]})
+    for one in (state, full):
+        row = as_row(one)
+        assert json.loads(json.dumps(row)) == row                   # plain data only
+        assert asdict(built(RankState, row)) == asdict(one)
+
+
+def test_node_files_read_by_workers_are_the_ones_read_here(tmp_path, monkeypatch):
+    held = saved_node_files(tmp_path, (1, 2))
+    (tmp_path / "node-3.json").write_text("{not json")
+    read_here = nodes.NodeFiles().read(str(tmp_path))
+    monkeypatch.setattr(nodes, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(nodes, "cores", lambda: 2)        # workers even on one core
+    read_by_workers = nodes.NodeFiles().read(str(tmp_path))
+    assert multiprocessing.active_children() == []                 # the pool ended with the read
+    for read in (read_here, read_by_workers):
+        views, notes, refused = read
+        assert notes == [] and len(refused) == 1 and refused[0].startswith("node-3.json: ")
+        assert {view.report.node_rank: ranks_as_dicts(view.states) for view in views} == \
+            {node: ranks_as_dicts(ranks) for node, ranks in held.items()}
+    assert read_here[2] == read_by_workers[2]

@@ -32,17 +32,19 @@ def cores() -> int:
 
 
 @contextmanager
-def pool(workers: int, fork: bool = True) -> Iterator[multiprocessing.pool.Pool | None]:
+def pool(workers: int) -> Iterator[multiprocessing.pool.Pool | None]:
     """A pool of `workers` processes, or None for one: then the caller reads in
-    this process. Forked where the platform can and `fork` allows: the workers
-    start in milliseconds with this process's modules already imported. A
-    process that runs threads of its own (the TUI) spawns them instead: a fork
-    copies locks its other threads may hold. The pool ends with the block."""
+    this process. Forked where the platform can: the workers start in
+    milliseconds with this process's modules already imported, and no module
+    runs again (a spawned worker runs the caller's main script again, where
+    that script does not guard it). A worker only reads files and sends back
+    what it made; it takes none of the locks the caller's other threads (the
+    TUI's) may hold. The pool ends with the block."""
     if workers < 2:
         yield None
         return
     methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if fork and "fork" in methods else "spawn")
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
     with context.Pool(workers, initializer=_ended_by_sigterm) as workers_pool:
         yield workers_pool
 

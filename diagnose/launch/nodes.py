@@ -31,6 +31,7 @@ closed, and refusals reach the head's stderr as at most one line a second.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -45,8 +46,10 @@ from diagnose.core.checked import checked
 from diagnose.core.files import read_small
 from diagnose.core.groups import GroupReader
 from diagnose.core.heap import gc_paused
+from diagnose.core.rows import as_row, built
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot
+from diagnose.core.workers import PlainUnpickler, cores, pool, sent
 from diagnose.launch.node_delta import HEAD_RING_ITEMS, Known, ReportWriter
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
@@ -57,6 +60,7 @@ MESSAGE_S = 10.0            # an agent reports every poll: silent this long, it 
 MAX_PENDING = 64            # connections in their handshake at once, from every host
 SAVE_S = 10.0               # a node's file is written at least this often while it reports
 REPLY_S = 60.0              # an agent waits this long for the head's answer to a report
+PARALLEL_BYTES = 32 << 20   # node files together past this are read by worker processes
 LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=MESSAGE_S, max_bytes=256 << 20)
 AGENT_LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=REPLY_S, max_bytes=LIMITS.max_bytes)
 
@@ -344,7 +348,9 @@ def _listen(address: tuple[str, int]) -> socket.socket:
 
 class NodeFiles:
     """The node-N.json files of a head's run dir (`diag analyze`, `diag tui`), each
-    decoded and checked again only when the head wrote it again."""
+    decoded and checked again only when the head wrote it again. Files of more
+    than PARALLEL_BYTES together are read by worker processes, a file each, one
+    a core: this process only builds what they checked (core/rows.py)."""
 
     def __init__(self):
         self.groups = GroupReader()     # the identities' groups, each distinct text once
@@ -353,20 +359,23 @@ class NodeFiles:
     def read(self, run_dir: str) -> tuple[list[NodeView], list[str], list[str]]:
         """The nodes; notes on the ranks of a node that could not be read (the node
         counts, without them); notes on the files that could not be read at all."""
-        nodes, notes, refused = [], [], []
-        for name in sorted(os.listdir(run_dir)):
-            if not (name.startswith("node-") and name.endswith(".json")):
-                continue
-            path = os.path.join(run_dir, name)
+        nodes, notes, refused, changed = [], [], [], []
+        names = sorted(name for name in os.listdir(run_dir)
+                       if name.startswith("node-") and name.endswith(".json"))
+        stamps = {}
+        for name in names:
             try:
-                info = os.stat(path)
-                stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+                info = os.stat(os.path.join(run_dir, name))
             except OSError as error:
                 refused.append(f"{name}: {error.strerror}")
                 continue
-            if self._read.get(name, (None,))[0] != stamp:
-                with gc_paused(freeze=False):     # a thousand ranks' states, made at once
-                    self._read[name] = (stamp, *self._decode(path, name))
+            stamps[name] = (info.st_mtime_ns, info.st_size, info.st_ino)
+            if self._read.get(name, (None,))[0] != stamps[name]:
+                changed.append(name)
+        with gc_paused(freeze=False):     # a thousand ranks' states a node, made at once
+            for name, decoded in zip(changed, self._decode_all(run_dir, changed, stamps)):
+                self._read[name] = (stamps[name], *decoded)
+        for name in stamps:
             _, node, problem = self._read[name]
             if node is None:
                 refused.append(problem)
@@ -376,7 +385,18 @@ class NodeFiles:
                 notes.append(problem)
         return nodes, notes, refused
 
-    def _decode(self, path: str, name: str) -> tuple[NodeView | None, str | None]:
+    def _decode_all(self, run_dir: str, names: list[str],
+                    stamps: dict) -> list[tuple[NodeView | None, str | None]]:
+        paths = [os.path.join(run_dir, name) for name in names]
+        large = len(names) > 1 and sum(stamps[name][1] for name in names) > PARALLEL_BYTES
+        with pool(min(cores(), len(names)) if large else 1) as readers:
+            if readers is None:
+                return [self._decode(path) for path in paths]
+            return [_node_from_worker(PlainUnpickler(io.BytesIO(data)).load())
+                    for data in readers.imap(_decode_in_worker, paths)]
+
+    def _decode(self, path: str) -> tuple[NodeView | None, str | None]:
+        name = os.path.basename(path)
         try:
             body = json.loads(read_small(path, LIMITS.max_bytes))
             report = checked(NodeReport, read_version(Document.NODE, body))
@@ -388,6 +408,24 @@ class NodeFiles:
         except ValueError as error:
             return NodeView(report, {}), f"node {report.node_rank}: {error}"
         return NodeView(report, states), None
+
+
+def _decode_in_worker(path: str) -> bytes:
+    """In a worker: NodeFiles._decode of one file, as plain data."""
+    node, problem = NodeFiles()._decode(path)
+    if node is None:
+        return sent((None, problem))
+    return sent(((as_row(node.report), {rank: as_row(state) for rank, state in node.states.items()}),
+                 problem))
+
+
+def _node_from_worker(read: tuple) -> tuple[NodeView | None, str | None]:
+    node, problem = read
+    if node is None:
+        return None, problem
+    report, states = node
+    return NodeView(built(NodeReport, report),
+                    {rank: built(RankState, state) for rank, state in states.items()}), problem
 
 
 def merge(snapshot: Snapshot, nodes: list[NodeView], notes: list[str]) -> Snapshot:
