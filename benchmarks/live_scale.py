@@ -214,7 +214,7 @@ def run(args) -> dict:
         "head_cores_healthy": watch.cores(t0, plan.hang_at),
         "head_cores_to_verdict": watch.cores(plan.hang_at, watch.verdict_at or time.time()),
         "head_peak_rss_mb": watch.peak_rss / 2**20,
-        "verdict_s": verdict_s, "verdict": watch.verdict,
+        "hang_at": plan.hang_at, "verdict_s": verdict_s, "verdict": watch.verdict,
         "tui_open_s": tui.open_s, "tui_key_ms": tui.key_ms, "tui_open_screens": tui.screens,
         "tui_key_ms_median": _median(tui.key_ms), "tui_key_ms_max": _max(tui.key_ms),
         "head_exit": exit_code,
