@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from diagnose.analysis.activity import PYTHON_LABEL, classify
-from diagnose.core.frames import NATIVE_MARK
+from diagnose.core.frames import is_native
 from diagnose.core.progress import Advance, quiet
 from diagnose.core.vocab import Activity
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
@@ -104,7 +104,7 @@ class Samples:
         for sample in self.taken:
             if sample.native and sample.threads is not None:
                 frames = sample.main_frames
-                python = [frame for frame in frames if not frame.startswith(NATIVE_MARK)]
+                python = [frame for frame in frames if not is_native(frame)]
                 if python[-1:] == innermost and classify(frames).activity in POLLED_WAITS:
                     return True
         return False

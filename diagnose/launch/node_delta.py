@@ -49,14 +49,13 @@ from diagnose.analysis.position import last_progress
 from diagnose.core.checked import checked, field_checks, row_check
 from diagnose.core.groups import GroupReader, encode as encode_groups
 from diagnose.core.layout import parse_ranks, rank_ranges
+from diagnose.core.rows import as_row
 from diagnose.core.snapshot import (CollectiveRecord, CpuWait, Identity, PhaseEvent, RankState,
                                     WorkerExit)
 
 ITEMS = {"phases": PhaseEvent, "collectives": CollectiveRecord, "open_phases": PhaseEvent,
          "cpu_waits": CpuWait, "worker_exits": WorkerExit}    # a list field's items
 LISTS = tuple(ITEMS)
-ITEM_FIELDS = {name: tuple(f.name for f in fields(item)) for name, item in ITEMS.items()}
-ITEM_VALUES = {name: attrgetter(*names) for name, names in ITEM_FIELDS.items()}
 ROW_CHECKS = {name: row_check(item) for name, item in ITEMS.items()}
 ITEM_CHECKS = {name: partial(checked, item) for name, item in ITEMS.items()}
 FIELDS_OF = attrgetter("__dict__")
@@ -115,7 +114,7 @@ def _wire(name: str, value, encoded: dict[int, str]):
         return {**{f.name: getattr(value, f.name) for f in fields(Identity)},
                 "groups": encode_groups(value.groups, encoded)}
     if name in LISTS:            # their items are flat: their fields are JSON already
-        return [list(ITEM_VALUES[name](item)) for item in value]
+        return [as_row(item) for item in value]
     return asdict(value) if hasattr(value, "__dataclass_fields__") else value
 
 
@@ -227,7 +226,7 @@ def _changes(state: RankState, old: tuple[dict, dict], new: tuple[dict, dict],
         if moved is not None:
             drop, keep = moved
             lists[name] = [len(old[1][name]), drop, keep,
-                           [list(ITEM_VALUES[name](item)) for item in getattr(state, name)[keep:]]]
+                           [as_row(item) for item in getattr(state, name)[keep:]]]
     if lists:
         change["lists"] = lists
     return change
