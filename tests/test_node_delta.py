@@ -19,7 +19,7 @@ from diagnose.launch import nodes
 from diagnose.analysis import analyze
 from diagnose.analysis.position import last_progress
 from diagnose.launch.node_delta import (HEAD_RING_ITEMS, LISTS, RINGS, Known, ReportWriter,
-                                         node_share)
+                                         checked_rows, node_share)
 from diagnose.launch.nodes import JSON, NodeAgent, NodeFiles, NodeHub
 from diagnose.offline.synth import hung_job
 from diagnose.offline.synth_live import NodeRanks, Plan
@@ -215,6 +215,8 @@ def test_a_garbled_delta_changes_nothing_the_head_holds():
     for bad in garbled(body):
         with pytest.raises(ValueError):
             Known.read(bad, known, groups)
+        with pytest.raises(ValueError):       # as a head's worker checks it, then the head
+            Known.read(checked_rows(copy.deepcopy(bad)), known, groups, rows_checked=True)
     assert {rank: asdict(state) for rank, state in known.states.items()} == before
     assert json.dumps(known.wire, sort_keys=True) == wire
     assert same(Known.read(body, known, groups), ranks)   # the real one still applies
@@ -261,6 +263,44 @@ def test_over_the_link_the_head_applies_deltas_and_resyncs_after_garbage(tmp_pat
     saved = json.loads((tmp_path / "node-2.json").read_text())
     assert sorted(saved["ranks"], key=int) == [str(rank) for rank in range(8, 16)]
     assert saved["ranks"]["13"]["heartbeat_at"] == ranks[13].heartbeat_at
+
+
+def test_large_reports_checked_by_the_heads_workers_apply_as_the_ones_checked_here(
+        tmp_path, monkeypatch):
+    """Every report past WORKER_BYTES (here: all) is decoded and checked by a worker
+    process; the head holds what the agent does, a garbled item is refused as
+    the head's own check refuses it, and the workers end with the hub."""
+    monkeypatch.setattr(nodes, "WORKER_BYTES", 0)
+    port = free_port()
+    hub = NodeHub(f"127.0.0.1:{port}", KEY, str(tmp_path), nnodes=3, readers=2)
+    assert hub.readers is not None and len(multiprocessing.active_children()) == 2
+    agent = RawAgent(f"127.0.0.1:{port}", KEY, 2)
+    reports = played(PLAN.hang_at + 1.0)
+    try:
+        for _ in range(4):
+            now, ranks = next(reports)
+            agent.publish(ranks, None, 0)
+            assert agent.writer.acked is not None                   # applied
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert same(Known(0, node.states, {}), ranks)
+        held = ranks_as_dicts(ranks)            # (the synthetic ranks change in place)
+        later, moved = next((at, ranks) for at, ranks in reports if at >= now + PLAN.step_s)
+        bad = crossed(agent.writer.report(moved, later))
+        change = next(change for change in bad["changes"].values() if change.get("lists"))
+        next(iter(change["lists"].values()))[3].append(["not", "a", "row"])
+        agent.replace_next = bad
+        assert agent.publish(moved, None, 0)["applied"] is None
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert ranks_as_dicts(node.states) == held                # unchanged by the garbage
+        for _, ranks in reports:
+            agent.publish(ranks, None, 0)
+        assert agent.writer.acked is not None                       # deltas again
+        [node] = [n for n in hub.nodes() if n.report.node_rank == 2]
+        assert same(Known(0, node.states, {}), ranks)
+    finally:
+        agent.close()
+        hub.close()
+    assert multiprocessing.active_children() == []
 
 
 def test_a_node_file_of_either_schema_reads_back_as_the_ranks_the_head_held(tmp_path):

@@ -31,11 +31,17 @@ def built(cls: type, row: list):
                  for value, make in zip(row, makers)])
 
 
+def built_list(cls: type, rows: list) -> list:
+    """`built` of each row; a class of plain fields only is built in C (starmap)."""
+    if _makers(cls) is None:
+        return list(starmap(cls, rows))
+    return [built(cls, row) for row in rows]
+
+
 @lru_cache(maxsize=None)
 def _makers(cls: type) -> tuple | None:
     """Per field, what builds its value from its row (None: the value itself);
-    None for a class of plain fields only. A list of such a class's items is
-    built in C (starmap)."""
+    None for a class of plain fields only."""
     if not any(_nested(cls)):
         return None
     makers = []
@@ -44,10 +50,8 @@ def _makers(cls: type) -> tuple | None:
             makers.append(None)
         elif how[0] == ONE:
             makers.append(partial(built, how[1]))
-        elif _makers(how[1]) is None:
-            makers.append(lambda rows, item=how[1]: list(starmap(item, rows)))
         else:
-            makers.append(lambda rows, item=how[1]: [built(item, row) for row in rows])
+            makers.append(partial(built_list, how[1]))
     return tuple(makers)
 
 

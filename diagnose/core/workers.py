@@ -1,7 +1,8 @@
 """Worker processes for reads one interpreter is too slow for (Flight Recorder
-dumps, a head's node files): each worker reads and checks its files and sends
-back plain data it made itself, pickled; the caller loads it with an unpickler
-that refuses every global, so nothing a file holds ever names code to run."""
+dumps, a head's node files, its nodes' large reports): each worker reads and
+checks its input and sends back plain data it made itself, pickled; the caller
+loads it with an unpickler that refuses every global, so nothing a file or a
+peer sent ever names code to run."""
 from __future__ import annotations
 
 import multiprocessing
@@ -33,20 +34,29 @@ def cores() -> int:
 
 @contextmanager
 def pool(workers: int) -> Iterator[multiprocessing.pool.Pool | None]:
-    """A pool of `workers` processes, or None for one: then the caller reads in
-    this process. Forked where the platform can: the workers start in
-    milliseconds with this process's modules already imported, and no module
-    runs again (a spawned worker runs the caller's main script again, where
-    that script does not guard it). A worker only reads files and sends back
-    what it made; it takes none of the locks the caller's other threads (the
-    TUI's) may hold. The pool ends with the block."""
-    if workers < 2:
+    """A pool of `workers` processes (`started`) that ends with the block, or
+    None for one: then the caller reads in this process."""
+    started = start(workers)
+    if started is None:
         yield None
         return
+    with started:
+        yield started
+
+
+def start(workers: int) -> multiprocessing.pool.Pool | None:
+    """A pool of `workers` processes, or None for fewer than two; its owner
+    terminates it. Forked where the platform can: the workers start in
+    milliseconds with this process's modules already imported, and no module
+    runs again (a spawned worker runs the caller's main script again, where
+    that script does not guard it). A worker only reads and checks what it is
+    given and sends back what it made; it takes none of the locks the caller's
+    other threads (the TUI's, the head's links) may hold."""
+    if workers < 2:
+        return None
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with context.Pool(workers, initializer=_ended_by_sigterm) as workers_pool:
-        yield workers_pool
+    return context.Pool(workers, initializer=_ended_by_sigterm)
 
 
 def _ended_by_sigterm() -> None:

@@ -49,7 +49,7 @@ from diagnose.analysis.position import last_progress
 from diagnose.core.checked import checked, field_checks, row_check
 from diagnose.core.groups import GroupReader, encode as encode_groups
 from diagnose.core.layout import parse_ranks, rank_ranges
-from diagnose.core.rows import as_row
+from diagnose.core.rows import as_row, built_list
 from diagnose.core.snapshot import (CollectiveRecord, CpuWait, Identity, PhaseEvent, RankState,
                                     WorkerExit)
 
@@ -251,30 +251,36 @@ class Known:
     wire: dict[str, dict]
 
     @classmethod
-    def read(cls, body: dict, known: Known | None, groups: GroupReader) -> Known:
+    def read(cls, body: dict, known: Known | None, groups: GroupReader,
+             rows_checked: bool = False) -> Known:
         """The node's state after this report; ValueError (ask for a whole report)
-        for a delta on a state the head lacks, or anything malformed."""
+        for a delta on a state the head lacks, or anything malformed.
+        `rows_checked`: a worker of the head passed the body through
+        `checked_rows`, so its list items are built without a second check."""
         seq, base = body.get("seq"), body.get("base")
         if type(seq) is not int or not (base is None or type(base) is int):
             raise ValueError("a report without its sequence numbers")
+        items = _built if rows_checked else _items
         if base is None:
-            return cls(seq, *_decode_ranks(_object(body.get("ranks"), "ranks"), {}, {}, groups))
+            return cls(seq, *_decode_ranks(_object(body.get("ranks"), "ranks"), {}, {}, groups,
+                                           items))
         if known is None or base != known.seq:
             raise ValueError(f"a delta on report {base}, which the head does not hold")
-        return known._apply(seq, body, groups)
+        return known._apply(seq, body, groups, items)
 
-    def _apply(self, seq: int, body: dict, groups: GroupReader) -> Known:
+    def _apply(self, seq: int, body: dict, groups: GroupReader, items) -> Known:
         states, wire = dict(self.states), dict(self.wire)
         for rank in _list(body.get("gone", []), "gone"):
             if type(rank) is not int or rank not in states:
                 raise ValueError(f"gone: {str(rank)[:20]} is no rank of this node")
             del states[rank], wire[str(rank)]
-        _decode_ranks(_object(body.get("ranks", {}), "ranks"), states, wire, groups)
+        _decode_ranks(_object(body.get("ranks", {}), "ranks"), states, wire, groups, items)
         copied: set[int] = set()
         for name, change in _object(body.get("changes", {}), "changes").items():
             rank = _rank(name, states)
             _copy(rank, states, wire, copied)
-            _change(states[rank], wire[str(rank)], _object(change, f"changes[{rank}]"), groups)
+            _change(states[rank], wire[str(rank)], _object(change, f"changes[{rank}]"), groups,
+                    items)
         for field, key in ((BEAT, "beats"), (PROGRESS, "progress")):
             for at, ranks in _times(body.get(key, []), key):
                 for rank in ranks:
@@ -294,8 +300,10 @@ def _times(pairs: object, key: str) -> list[tuple[float, list[int]]]:
     return times
 
 
-def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> tuple[dict, dict]:
-    """Whole rank states into `states` and `wire`, every field checked."""
+def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader,
+                  items) -> tuple[dict, dict]:
+    """Whole rank states into `states` and `wire`, every field checked (the
+    list fields' items by `items`: `_built` where a worker checked them)."""
     for name, body in raw.items():
         rank = _rank(name)
         body = _object(body, f"rank {rank}")
@@ -305,7 +313,7 @@ def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> t
                                             **{name: [] for name in LISTS if name in body}))
             for name in LISTS:
                 if name in body:
-                    setattr(state, name, _items(name, body[name]))
+                    setattr(state, name, items(name, body[name]))
         except ValueError as error:
             raise ValueError(f"rank {rank}: {error}") from None
         state.identity.groups = groups.read(identity.get("groups", {}))
@@ -313,7 +321,7 @@ def _decode_ranks(raw: dict, states: dict, wire: dict, groups: GroupReader) -> t
     return states, wire
 
 
-def _change(state: RankState, wire: dict, change: dict, groups: GroupReader) -> None:
+def _change(state: RankState, wire: dict, change: dict, groups: GroupReader, items) -> None:
     """One rank's changes, on the copies of its state and its wire form."""
     for name, value in _object(change.get("set", {}), "set").items():
         if name not in VALUES:
@@ -332,7 +340,7 @@ def _change(state: RankState, wire: dict, change: dict, groups: GroupReader) -> 
                 or had != len(old) or drop + keep > had:
             raise ValueError(f"lists[{name}]: {had, drop, keep} does not fit the "
                              f"{len(old)} the head holds")
-        setattr(state, name, old[drop:drop + keep] + _items(name, added))
+        setattr(state, name, old[drop:drop + keep] + items(name, added))
         wire[name] = wire[name][drop:drop + keep] + added
         if name in RINGS:             # the rings are the agent's now: no progress besides
             state.progress_at = wire[PROGRESS] = None
@@ -348,6 +356,35 @@ def _items(name: str, items: object) -> list:
         return [row(item) if type(item) is list else whole(item) for item in items]
     except ValueError as error:
         raise ValueError(f"RankState.{name}: {error}") from None
+
+
+def _built(name: str, rows: list) -> list:
+    """A list field's items from the rows a worker checked (`checked_rows`)."""
+    return built_list(ITEMS[name], rows)
+
+
+def checked_rows(body: dict) -> dict:
+    """The report with each list item checked where it lies and left as a row of
+    its checked values (a schema 1 object becomes a row too): what a head's
+    worker does, so that the head builds the items without checking them again
+    (`Known.read(..., rows_checked=True)`). Everything else is the head's to
+    check; a list where a report holds none is left as it is, and refused there."""
+    ranks = body.get("ranks")
+    for state in ranks.values() if isinstance(ranks, dict) else ():
+        for name in LISTS:
+            if isinstance(state, dict) and name in state:
+                state[name] = _checked_rows(name, state[name])
+    changes = body.get("changes")
+    for change in changes.values() if isinstance(changes, dict) else ():
+        lists = change.get("lists") if isinstance(change, dict) else None
+        for name, moved in lists.items() if isinstance(lists, dict) else ():
+            if name in LISTS and isinstance(moved, list) and len(moved) == 4:
+                moved[3] = _checked_rows(name, moved[3])
+    return body
+
+
+def _checked_rows(name: str, items: object) -> list:
+    return [as_row(item) for item in _items(name, items)]
 
 
 def _identity(value: object, groups: GroupReader) -> Identity:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import select
 import socket
@@ -49,8 +50,8 @@ from diagnose.core.heap import gc_paused
 from diagnose.core.rows import as_row, built
 from diagnose.core.schema import Document, read_version, stamped
 from diagnose.core.snapshot import NodeState, RankState, Snapshot
-from diagnose.core.workers import PlainUnpickler, cores, pool, sent
-from diagnose.launch.node_delta import HEAD_RING_ITEMS, Known, ReportWriter
+from diagnose.core.workers import PlainUnpickler, cores, pool, sent, start
+from diagnose.launch.node_delta import HEAD_RING_ITEMS, Known, ReportWriter, checked_rows
 
 TOKEN_VAR = "DIAG_NODE_TOKEN"
 LOST_AFTER_S = 3.0          # an agent silent this long is lost
@@ -61,6 +62,8 @@ MAX_PENDING = 64            # connections in their handshake at once, from every
 SAVE_S = 10.0               # a node's file is written at least this often while it reports
 REPLY_S = 60.0              # an agent waits this long for the head's answer to a report
 PARALLEL_BYTES = 32 << 20   # node files together past this are read by worker processes
+WORKER_BYTES = 1 << 20      # a report past this is decoded and checked by a worker process
+WORKER_WAIT_S = 60.0        # how long the head waits for a worker's check of one report
 LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=MESSAGE_S, max_bytes=256 << 20)
 AGENT_LIMITS = Limits(handshake_s=HANDSHAKE_S, message_s=REPLY_S, max_bytes=LIMITS.max_bytes)
 
@@ -130,9 +133,15 @@ class NodeView:
 
 class NodeHub:
     """The head's listener: one thread per connection, each node's ranks kept in
-    memory (`nodes`), and in the run dir now and then."""
+    memory (`nodes`), and in the run dir now and then. A report of more than
+    WORKER_BYTES (a node's whole state, the rings of a thousand ranks that
+    stopped) is decoded and checked by one of `readers` worker processes (by
+    default one a node, less one core for the head), so that the reports of
+    every node of a large job that hung at once are checked side by side; the
+    head's interpreter only builds their items."""
 
-    def __init__(self, listen: str, key: bytes, run_dir: str, nnodes: int):
+    def __init__(self, listen: str, key: bytes, run_dir: str, nnodes: int,
+                 readers: int | None = None):
         self.address = parse_address(listen, "--listen")
         self.key, self.run_dir = key, run_dir
         self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
@@ -148,6 +157,7 @@ class NodeHub:
         self.lock = threading.Lock()
         self.save_lock = threading.Lock()
         server = _listen(self.address)
+        self.readers = start(min(nnodes - 1, cores() - 1) if readers is None else readers)
         self.save_all()
         self.listener = Listener(server, key, JSON, LIMITS, self._welcome,
                                  "diag: the head refused a node link", TOKEN_VAR,
@@ -193,9 +203,9 @@ class NodeHub:
         with self.lock:
             self.taking.add(node)
         try:
-            body = JSON.decode(data)
+            body, rows_checked = self._decode(data)
             news = _news(body)
-            known = Known.read(body, self.known.get(node), self.groups)
+            known = Known.read(body, self.known.get(node), self.groups, rows_checked)
         except ValueError:             # garbage, or a delta on what the head lacks
             known = None
         with self.lock:
@@ -212,6 +222,19 @@ class NodeHub:
             self._save(report)
         link.send(answer)
         return not (applied and report.finished)
+
+    def _decode(self, data: bytes) -> tuple[dict, bool]:
+        """The report, and whether a worker checked its items (`checked_rows`)."""
+        if self.readers is None or len(data) <= WORKER_BYTES:
+            return JSON.decode(data), False
+        try:
+            answer = self.readers.apply_async(_report_in_worker, (data,)).get(WORKER_WAIT_S)
+        except multiprocessing.TimeoutError:
+            raise ValueError(f"a report not checked within {WORKER_WAIT_S:g} s") from None
+        body, problem = PlainUnpickler(io.BytesIO(answer), "a report a worker checked").load()
+        if body is None:
+            raise ValueError(problem)
+        return body, True
 
     def _left(self, report: NodeReport, link: Link) -> None:
         """The link ended; the node is gone unless a newer link of it took over."""
@@ -311,6 +334,9 @@ class NodeHub:
             links = list(self.links.values())
         for link in links:
             link.shutdown()
+        if self.readers is not None:
+            self.readers.terminate()
+            self.readers.join()
         self.save_all()
 
 
@@ -408,6 +434,14 @@ class NodeFiles:
         except ValueError as error:
             return NodeView(report, {}), f"node {report.node_rank}: {error}"
         return NodeView(report, states), None
+
+
+def _report_in_worker(data: bytes) -> bytes:
+    """In a head's worker: a report decoded and its items checked, as plain data."""
+    try:
+        return sent((checked_rows(JSON.decode(data)), None))
+    except (ValueError, RecursionError) as error:
+        return sent((None, str(error)))
 
 
 def _decode_in_worker(path: str) -> bytes:

@@ -344,7 +344,7 @@ def write_run_dir(snapshot: Snapshot, run_dir: str) -> SynthRun:
     """Each rank of `snapshot` (and its driver) as a probe file in `run_dir`,
     written by this process, through runfile's writer."""
     os.makedirs(run_dir, exist_ok=True)
-    pid, create_time = os.getpid(), psutil.Process().create_time()
+    create_time = psutil.Process().create_time()
     states = [(rank, state) for rank, state in snapshot.ranks.items()]
     if snapshot.driver is not None:
         states.append((None, snapshot.driver))
