@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import re
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F

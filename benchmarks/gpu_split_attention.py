@@ -21,7 +21,6 @@ A part that would start past --budget-s is skipped; a part's error is recorded.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from contextlib import contextmanager

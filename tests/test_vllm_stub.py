@@ -72,8 +72,8 @@ def test_an_engine_core_of_dp_rank_1_and_its_workers_are_not_traced_and_say_so(t
     report, run_dir = serve_as_dp_rank(tmp_path, 1)
     assert report["verdicts"] == []
     assert list(run_dir.glob("*.probe")) == []
-    assert (f"vLLM data parallelism is not traced: EngineCore_DP1 and its workers "
-            f"ran without the probe") in report["notes"], report["notes"]
+    assert ("vLLM data parallelism is not traced: EngineCore_DP1 and its workers "
+            "ran without the probe") in report["notes"], report["notes"]
 
 
 def test_dp_rank_0_whose_config_is_dps_enters_no_phase_and_its_workers_are_not_traced(
@@ -87,8 +87,8 @@ def test_dp_rank_0_whose_config_is_dps_enters_no_phase_and_its_workers_are_not_t
     driver = Collector(str(run_dir)).snapshot().driver
     assert {event.name for event in driver.phases} <= {Phase.SHUTDOWN, Phase.EXIT}, driver.phases
     assert driver.ring_written == 0
-    assert (f"vLLM data parallelism is not traced: EngineCore_DP0 and its workers "
-            f"ran without the probe") in report["notes"], report["notes"]
+    assert ("vLLM data parallelism is not traced: EngineCore_DP0 and its workers "
+            "ran without the probe") in report["notes"], report["notes"]
 
 
 def test_every_row_names_what_it_records_and_its_releases():
