@@ -56,10 +56,9 @@ from diagnose.analysis.thresholds import Thresholds  # noqa: E402
 from diagnose.core.groups import GroupReader  # noqa: E402
 from diagnose.launch.launcher import POLL_S  # noqa: E402
 from diagnose.launch.node_delta import Known, ReportWriter, node_share  # noqa: E402
-from diagnose.core.snapshot import RankState, Snapshot  # noqa: E402
+from diagnose.core.snapshot import Snapshot  # noqa: E402
 from diagnose.launch import nodes  # noqa: E402
-from diagnose.offline.synth import Job  # noqa: E402
-from diagnose.offline.synth_live import NodeRanks, Plan, launch  # noqa: E402
+from diagnose.offline.synth_live import NodeRanks, Plan, driver_at, launch  # noqa: E402
 
 AIMS = {"head_cores": 1.0, "verdict_s": 5.0, "tui_open_s": 2.0, "key_ms": 100.0}
 # (what is typed, what on the screen shows the TUI answered, whether it comes or goes)
@@ -349,7 +348,7 @@ def passes(args) -> dict:
             _timed(spent, "head_save_all_s", hub.save_all)
         finally:
             hub.close()
-        head = Snapshot(taken_at=hung, run_dir=run_dir, ranks={}, driver=driver(plan, hung))
+        head = Snapshot(taken_at=hung, run_dir=run_dir, ranks={}, driver=driver_at(plan, hung))
         snapshot = _timed(spent, "poll_merge_s", lambda: nodes.merge(
             replace(head, ranks={}), hub.nodes(), []))
         files = nodes.NodeFiles()
@@ -357,7 +356,7 @@ def passes(args) -> dict:
         _timed(spent, "files_read_again_s", lambda: files.read(run_dir))
     verdicts = _timed(spent, "poll_analyze_s", lambda: analyze(snapshot))
     behind = nodes.merge(Snapshot(taken_at=healthy + 2 * plan.step_s, run_dir="lagging", ranks={},
-                                  driver=driver(plan, healthy + 2 * plan.step_s)),
+                                  driver=driver_at(plan, healthy + 2 * plan.step_s)),
                          [nodes.NodeView(nodes.NodeReport(node, received_at=healthy), state.states)
                           for node, state in lagging.items()], [])
     lagging_verdicts = _timed(spent, "poll_analyze_lagging_s", lambda: analyze(behind))
@@ -376,17 +375,6 @@ def _timed(spent: dict[str, float], name: str, call):
     result = call()
     spent[name] = spent.get(name, 0.0) + time.process_time() - began
     return result
-
-
-def driver(plan: Plan, now: float) -> RankState:
-    """The head's driver as synth_live's plays it: each step in execute_model until
-    its pass ends, the hung step's open."""
-    job = Job(plan.tp, 1, op_s=plan.op_s)
-    for step in range(plan.hang_step + 1):
-        sent = plan.sent_at(step)
-        job.driver_step(step, sent, None if step == plan.hang_step else sent + plan.pass_s)
-    job.driver.heartbeat_at = now
-    return job.driver
 
 
 def machine() -> str:

@@ -173,7 +173,7 @@ class Launcher:
             self.shm.sample([process.pid for process in self._job()])
             self.next_shm_sample = time.monotonic() + SHM_SAMPLE_S
         found = self.role.judge(snapshot)
-        self.judged = Judged(snapshot, tuple(found.verdicts))
+        self.judged = Judged(found.judged or snapshot, tuple(found.verdicts))
         if found.stop is not None:
             self.request_stop(found.stop, by="head")
         self._say_new_verdicts()

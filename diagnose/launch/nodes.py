@@ -146,6 +146,9 @@ class NodeHub:
         self.key, self.run_dir = key, run_dir
         self.reports = {n: NodeReport(n) for n in range(1, nnodes)}
         self.known: dict[int, Known] = {}   # node rank -> the report it last applied
+        self.large_taking = 0               # reports past WORKER_BYTES read or applied now
+        self.large_applied = 0              # and applied so far
+        self.news = 0                       # large_applied when none was being taken last
         self.taking: set[int] = set()       # nodes whose report the head reads or applies now
         self.saved: dict[int, float] = dict.fromkeys(self.reports, 0.0)   # monotonic
         self.groups = GroupReader()
@@ -199,9 +202,10 @@ class NodeHub:
     def _take(self, link: Link, report: NodeReport) -> bool:
         """One report and the head's answer; False once the agent said goodbye."""
         data = link.recv_bytes(LIMITS.max_bytes)
-        node = report.node_rank
+        node, large = report.node_rank, len(data) > WORKER_BYTES
         with self.lock:
             self.taking.add(node)
+            self.large_taking += large
         try:
             body, rows_checked = self._decode(data)
             news = _news(body)
@@ -210,12 +214,16 @@ class NodeHub:
             known = None
         with self.lock:
             self.taking.discard(node)
+            self.large_taking -= large
             applied = known is not None and self.links.get(node) is link
             if applied:
                 self.known[node] = known
+                self.large_applied += large
                 for name, value in news.items():
                     setattr(report, name, value)
                 report.received_at = time.time()
+            if not self.large_taking:       # the rings of a node's stopped ranks, all in
+                self.news = self.large_applied
             answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code,
                       "applied": known.seq if applied else None}
         if applied and (report.finished or time.monotonic() - self.saved[node] >= SAVE_S):

@@ -3,6 +3,7 @@ alone, the head of a multi-node job, or an agent reporting to the head. A role
 is handed each poll's snapshot and returns what it found; the launcher applies it."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from diagnose.analysis import analyze
@@ -10,6 +11,7 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Snapshot, Verdict
 from diagnose.launch import flight, nodes
 from diagnose.launch.collector import request_dump
+from diagnose.launch import judging
 from diagnose.launch.node_delta import node_share
 
 NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks' dump
@@ -17,10 +19,12 @@ NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks
 
 @dataclass(frozen=True)
 class Found:
-    """A role's answer to one poll: the verdicts on the snapshot, and the exit
-    code the head asked this launcher to stop with, if it did."""
+    """A role's answer to one poll: the verdicts on the snapshot (on `judged`
+    where that is another, earlier one), and the exit code the head asked this
+    launcher to stop with, if it did."""
     verdicts: list[Verdict] = field(default_factory=list)
     stop: int | None = None
+    judged: Snapshot | None = None
 
 
 class Solo:
@@ -32,7 +36,10 @@ class Solo:
         self.thresholds = thresholds
 
     def judge(self, snapshot: Snapshot) -> Found:
-        return Found(analyze(snapshot, self.thresholds))
+        return Found(self.judge_verdicts(snapshot))
+
+    def judge_verdicts(self, snapshot: Snapshot) -> list[Verdict]:
+        return analyze(snapshot, self.thresholds)
 
     def dump_other_nodes(self) -> list[str]:
         return []
@@ -47,14 +54,26 @@ class Solo:
 
 class Head(Solo):
     """Node 0 of a multi-node job: it judges every node's ranks and tells the
-    agents its verdicts, when to dump and when to stop."""
+    agents its verdicts, when to dump and when to stop. While the command runs
+    it judges in a forked process (judging.py) where the host has the cores:
+    each poll gets the latest judgment finished; the last, with the command's
+    exit code, is made here."""
 
     def __init__(self, thresholds: Thresholds, listen: str, run_dir: str, nnodes: int):
         super().__init__(thresholds)
         self.hub = nodes.NodeHub(listen, nodes.token_from_env(), run_dir, nnodes)
+        self.judging = judging.ForkedJudge(self.judge_verdicts) if judging.judges_apart() else None
 
     def judge(self, snapshot: Snapshot) -> Found:
-        found = super().judge(snapshot)
+        if self.judging is None or snapshot.command_exit is not None:
+            found = super().judge(snapshot)
+        else:
+            judged = self.judging.judge(snapshot, self.hub.news)
+            found = Found(list(judged.verdicts) if judged else [],
+                          judged=judged.snapshot if judged else None)
+            for note in self.judging.notes:
+                print(f"diag: {note}", file=sys.stderr)
+            self.judging.notes.clear()
         self.hub.share_verdicts(found.verdicts)
         return found
 
@@ -68,6 +87,8 @@ class Head(Solo):
     def leave(self, snapshot: Snapshot | None, stop_grace_s: float,
               stopped_code: int) -> Found | None:
         # A headless engine node ends once its head is gone; else it is told to.
+        if self.judging is not None:
+            self.judging.close()
         if not self.hub.wait_for_agents(stop_grace_s):
             self.hub.stop_agents(stopped_code, wait_s=stop_grace_s)
         self.hub.close()

@@ -206,6 +206,21 @@ def run_node(plan: Plan, head: str, node_rank: int, run_dir: str) -> int:
         agent.leave(snapshot, 0.0, 0)
 
 
+def driver_at(plan: Plan, now: float) -> RankState:
+    """The driver as `run_driver` plays it, as of `now`, for a head judged in one
+    process (benchmarks, tests): each step sent by then in execute_model until
+    its pass ends, the hung step's open."""
+    job = Job(plan.tp, 1, op_s=plan.op_s)
+    for step in range(plan.hang_step + 1):
+        sent = plan.sent_at(step)
+        if sent > now:
+            break
+        end = None if step == plan.hang_step or sent + plan.pass_s > now else sent + plan.pass_s
+        job.driver_step(step, sent, end)
+    job.driver.heartbeat_at = now
+    return job.driver
+
+
 def run_driver(plan: Plan) -> None:
     """The engine's driver, through the real probe: each step scheduled, its
     message written to the ranks' ring, execute_model until the step's pass
