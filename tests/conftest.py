@@ -102,6 +102,22 @@ def no_runs_dir_in_the_checkout():
     assert existed or not os.path.exists(RUNS), f"a test left {RUNS}: give it a --run-dir in tmp_path"
 
 
+@pytest.fixture(autouse=True)
+def vllm_servers_end_with_their_test():
+    """A vLLM test that fails before it stops its server would leave vLLM serving
+    on (seen: a TP x PP server at two cores' worth of CPU for the rest of a CI run,
+    which then failed the vLLM tests after it for time): each one still running
+    is ended here, as give_up ends one that never got ready."""
+    yield
+    running = [server for server in vllm_serving.STARTED if server.process.poll() is None]
+    vllm_serving.STARTED.clear()
+    for server in running:
+        try:
+            server.give_up(grace=15)
+        except (AssertionError, OSError):
+            pass
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     path = tmp_path / "run"

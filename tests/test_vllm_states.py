@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,15 @@ def seen_doing(run_dir: Path, rank: int) -> str:
     return json.loads((run_dir / f"state-{rank}.json").read_text())["activity"]
 
 
-def tui_shows(run_dir: Path, pattern: str, timeout: float) -> str:
-    """`diag tui RUN_DIR` in a real pty, watching the live run: its screen once
-    `pattern` is on it."""
+@contextmanager
+def tui(run_dir: Path):
+    """`diag tui RUN_DIR` in a real pty, watching the live run. Opened before the
+    fault fires: a TUI that starts on a loaded machine can miss a 30 s compile."""
     env = {"PATH": "/usr/bin:/bin", "TERM": "xterm-256color", "HOME": str(run_dir.parent),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     terminal = Terminal([sys.executable, "-m", "diagnose.cli", "tui", str(run_dir)], env)
     try:
-        return terminal.wait_for(pattern, timeout)
+        yield terminal
     finally:
         # pexpect's own close gives a child a fraction of a second to die: too
         # little on a loaded machine
@@ -125,8 +127,9 @@ def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0
                  f"rank=2,call=4,kind=assert,after={crash_now};"
                  f"rank=3,call=4,kind=assert,after={crash_now}", pp=2)
     run.start_requests()
-    run.fired("rank 1 call 3: compile", COMPILE_S)
-    screen = tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
+    with tui(run.run_dir) as terminal:
+        run.fired("rank 1 call 3: compile", COMPILE_S, pause=lambda: terminal.read(0.5))
+        screen = terminal.wait_for(r"compiling \d+", COMPILE_S)
     assert "CULPRIT" not in screen, screen
     run.fired("rank 1 call 3: compile done", COMPILE_S)
     served = len(run.texts)
@@ -146,8 +149,9 @@ def test_tp2_pp2_compile_inside_a_step_is_progress_then_a_crash_vllm_ends_with_0
 def test_tp2_eager_compile_inside_a_step_is_progress_not_a_hang(tmp_path, checkpoint, cache):
     run = launch(tmp_path, checkpoint, cache, "rank=0,call=3,kind=compile,seconds=30", eager=True)
     run.start_requests()
-    run.fired("rank 0 call 3: compile", COMPILE_S)
-    tui_shows(run.run_dir, r"compiling \d+", COMPILE_S)
+    with tui(run.run_dir) as terminal:
+        run.fired("rank 0 call 3: compile", COMPILE_S, pause=lambda: terminal.read(0.5))
+        terminal.wait_for(r"compiling \d+", COMPILE_S)
     run.fired("rank 0 call 3: compile done", COMPILE_S)
     served_after, code = run.serve_more_then_stop()
     report = run.report()

@@ -53,15 +53,15 @@ class FaultRun:
         finally:
             self.stop.set()
 
-    def fired(self, line: str, timeout: float) -> float:
+    def fired(self, line: str, timeout: float, pause=lambda: time.sleep(0.5)) -> float:
         """Waits for the plugin's line (e.g. "rank 1 call 3: compile done") in the
-        log; the monotonic time it was seen."""
+        log, calling `pause` between looks; the monotonic time it was seen."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if f"hs_test_faults: {line}" in self.server.log.read_text(errors="replace"):
                 return time.monotonic()
             assert self.server.process.poll() is None, f"ended first:\n{self.server.tail()}"
-            time.sleep(0.5)
+            pause()
         raise AssertionError(f"{line!r} not in the log in {timeout:.0f} s:\n{self.server.tail()}")
 
     def serve_more_then_stop(self, more: int = 2, timeout: float = 120) -> tuple[int, int]:

@@ -97,6 +97,9 @@ def serve_command(checkpoint: Path, port: int, tp: int, pp: int,
             "--max-model-len", "512", "--max-num-seqs", "8", *extra]
 
 
+STARTED: list[Server] = []     # every server started; conftest ends those a test left running
+
+
 @dataclass
 class Server:
     """A vLLM server, started as `command` (vllm serve, or diag launch around it),
@@ -123,7 +126,9 @@ class Server:
         process = subprocess.Popen(command, env={**vllm_env(cache, tmp, world_size), **(env or {})},
                                    stdout=sink,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
-        return cls(process, port, log, tmp, tidy_shm=tidy_shm)
+        server = cls(process, port, log, tmp, tidy_shm=tidy_shm)
+        STARTED.append(server)
+        return server
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Seconds until /health answers; AssertionError if the command ends first."""
