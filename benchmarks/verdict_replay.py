@@ -1,13 +1,14 @@
 """The head's time to a verdict at scale, replayed in one process: the reports
 of NODES synthetic nodes (diagnose/offline/synth_live.py), made ahead, are applied
 by a thread per node at the pace the agents send them (one a launcher poll),
-through a real NodeHub's decode (its workers, where it has them) and
-Known.read, while the main thread polls as a head does: the merge of what the
-hub holds, then the analysis, in this thread (`inline`, as the head did before
-judging.py) or in a forked judge (`fork`, as it does now); both each round. Wall time maps onto the plan's clock, so the stall
-limits and the held-back rings act as they do live (the plan starts far enough
-ahead that its reports are made before the first is due); the agents' own work
-is left out (it is done ahead), so the head has this machine to itself.
+through a real NodeHub's `apply` (its workers, where it has them), while the
+main thread polls as a head does: the merge of what the hub holds, then the
+analysis, in this thread (`inline`, as the head did before judging.py) or in
+a forked judge (`fork`, as it does now); both each round. Wall time maps onto
+the plan's clock, so the stall limits and the held-back rings act as they do
+live (the plan starts far enough ahead that its reports are made before the
+first is due); the agents' own work is left out (it is done ahead), so the
+head has this machine to itself.
 
     PYTHONPATH=. python benchmarks/verdict_replay.py [--nodes 16] [--ranks-per-node 1024]
         [--readers N] [--rounds 3] [--json benchmarks/results/verdict_replay.json]
@@ -95,18 +96,7 @@ def _polls(plan: Plan, made: dict, hub: nodes.NodeHub, judge: ForkedJudge | None
     def send(node: int) -> None:
         for at, body in made[node][1]:
             time.sleep(max(0.0, at - time.time()))
-            large = len(body) > nodes.WORKER_BYTES        # counted as NodeHub._take counts
-            with hub.lock:
-                hub.large_taking += large
-            decoded, rows_checked = hub._decode(body)
-            known = Known.read(decoded, hub.known[node], hub.groups, rows_checked)
-            with hub.lock:
-                hub.known[node] = known
-                hub.large_taking -= large
-                hub.large_applied += large
-                if not hub.large_taking:
-                    hub.news = hub.large_applied
-                hub.reports[node].received_at = time.time()
+            hub.apply(hub.reports[node], body)
     for node in made:
         hub.reports[node].connected = True
         hub.reports[node].received_at = began

@@ -7,10 +7,12 @@ processes that start sessions of their own (torchrun's workers do).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import psutil
@@ -19,6 +21,7 @@ from diagnose import probe
 
 POLL_S = 0.1           # a look at every process on the host costs some 20 ms
 KILLED_WAIT_S = 5.0     # after SIGKILL, for the kernel to take them away
+PR_SET_PDEATHSIG = 1
 
 
 def job_processes(session: int, run_dir: str) -> list[psutil.Process]:
@@ -94,3 +97,10 @@ def _wait_for_end(session: int, run_dir: str, timeout_s: float,
         if not job_processes(session, run_dir):
             return
         time.sleep(POLL_S)
+
+
+def die_with_parent(signum: int) -> None:
+    """This process gets `signum` when the process that started it dies, however
+    it dies (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signum)

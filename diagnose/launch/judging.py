@@ -33,7 +33,6 @@ before.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -45,12 +44,12 @@ from typing import Callable
 
 from diagnose.core.snapshot import Judged, Snapshot, Verdict
 from diagnose.core.workers import cores
+from diagnose.launch.job import die_with_parent
 
 ALERT_S = 10.0          # judges run back to back this long after a large report
 STALE_S = 5.0           # judges held up this long by newer reports: the next one finishes
 JUDGE_WAIT_S = 120.0    # a judge still running then is ended, and its snapshot judged here
 MAX_ANSWER = 64 << 20   # bytes of verdicts a judge may write
-PR_SET_PDEATHSIG = 1
 MIN_CORES = 4
 
 
@@ -176,7 +175,7 @@ def _judge_and_exit(analyze, snapshot: Snapshot, write: int) -> None:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # the terminal's Ctrl-C is the head's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
         data = json.dumps([asdict(verdict) for verdict in analyze(snapshot)],
                           default=str).encode()
         view = memoryview(data)

@@ -13,7 +13,6 @@ process ends the job if the launcher dies without doing so (guardian.py).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -40,7 +39,7 @@ from diagnose.launch.dump import py_spy_all
 from diagnose.launch.ending import command_ending, ending_line, judged_exit, verdict_key
 from diagnose.launch.escalate import Escalation
 from diagnose.launch.guardian import Guardian
-from diagnose.launch.job import end_job, job_processes, rank_pids, shell_code
+from diagnose.launch.job import die_with_parent, end_job, job_processes, rank_pids, shell_code
 from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.options import LaunchOptions, command_env, options_json
 from diagnose.launch.output import CommandOutput, to_stderr
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
     from diagnose.launch.metrics import Monitor
 
 POLL_S = 0.25
-PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 SHM_SAMPLE_S = 2.0      # how often the job's shared memory is noted
@@ -408,9 +406,8 @@ def _monitor(address: tuple[str, int]) -> Monitor:
 
 
 def _end_with_launcher() -> None:
-    """In the child before exec: SIGTERM it if the launcher dies, however it dies
-    (Linux). It reaches this child only; the guardian ends the rest of the job."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child before exec: SIGTERM it if the launcher dies. It reaches this
+    child only; the guardian ends the rest of the job."""
+    die_with_parent(signal.SIGTERM)
 
 

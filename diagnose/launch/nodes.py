@@ -202,6 +202,19 @@ class NodeHub:
     def _take(self, link: Link, report: NodeReport) -> bool:
         """One report and the head's answer; False once the agent said goodbye."""
         data = link.recv_bytes(LIMITS.max_bytes)
+        known = self.apply(report, data, link)
+        with self.lock:
+            answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code,
+                      "applied": known.seq if known else None}
+        if known and (report.finished or time.monotonic() - self.saved[report.node_rank] >= SAVE_S):
+            self._save(report)
+        link.send(answer)
+        return not (known and report.finished)
+
+    def apply(self, report: NodeReport, data: bytes, link: Link | None = None) -> Known | None:
+        """A node's report applied: what the head holds of the node now; None for
+        one it refused (garbage, a delta on what it lacks) or that came on a link
+        no longer the node's (`link`; None: no link, as benchmarks replay reports)."""
         node, large = report.node_rank, len(data) > WORKER_BYTES
         with self.lock:
             self.taking.add(node)
@@ -210,26 +223,22 @@ class NodeHub:
             body, rows_checked = self._decode(data)
             news = _news(body)
             known = Known.read(body, self.known.get(node), self.groups, rows_checked)
-        except ValueError:             # garbage, or a delta on what the head lacks
+        except ValueError:
             known = None
         with self.lock:
             self.taking.discard(node)
             self.large_taking -= large
-            applied = known is not None and self.links.get(node) is link
-            if applied:
+            if known is not None and (link is None or self.links.get(node) is link):
                 self.known[node] = known
                 self.large_applied += large
                 for name, value in news.items():
                     setattr(report, name, value)
                 report.received_at = time.time()
+            else:
+                known = None
             if not self.large_taking:       # the rings of a node's stopped ranks, all in
                 self.news = self.large_applied
-            answer = {"verdicts": self.verdicts, "dump": self.dump_wanted, "stop": self.stop_code,
-                      "applied": known.seq if applied else None}
-        if applied and (report.finished or time.monotonic() - self.saved[node] >= SAVE_S):
-            self._save(report)
-        link.send(answer)
-        return not (applied and report.finished)
+        return known
 
     def _decode(self, data: bytes) -> tuple[dict, bool]:
         """The report, and whether a worker checked its items (`checked_rows`)."""

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from diagnose.analysis import analyze
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import Snapshot, Verdict
-from diagnose.launch import flight, nodes
+from diagnose.launch import flight, judging, nodes
 from diagnose.launch.collector import request_dump
-from diagnose.launch import judging
 from diagnose.launch.node_delta import node_share
 
 NODE_DUMP_WAIT_S = 3.0  # an agent answers at its next poll, after its own ranks' dump
