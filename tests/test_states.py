@@ -144,6 +144,20 @@ def test_a_caught_exception_is_the_culprit_not_the_peer_that_waits_for_it():
     assert "it went on and is now in dequeue" in verdict.summary
 
 
+def test_a_caught_exception_is_the_culprit_also_when_its_rank_took_the_next_step():
+    """A CI run of vLLM tp2 x pp2: rank 3 asserted in step 52 and, its exception
+    caught, took the pipeline's next batch, step 53, where it sat in the
+    all-reduce; rank 2 sat in step 52's. By positions rank 3 waits on rank 2
+    (behind it), and rank 2 was named stuck with rank 3 among its victims."""
+    job, t = vllm_tp2(steps=3, now_after=20.0)
+    job.driver_step(3, t, None)
+    compiled_step(job, 0, 3, t, None)                       # waits in the all-reduce
+    caught_exception(job, t, 1, 3, went_on=True)
+    verdicts = analyze(job.snapshot())
+    assert summary(verdicts) == [(VerdictKind.RAISED, [1], [0])]
+    assert "; it went on and is now in execute_model;" in verdicts[0].summary
+
+
 def test_a_caught_exception_whose_peers_go_on_is_no_verdict():
     job, t = vllm_tp2(steps=3, now_after=0.05)
     caught_exception(job, t, 1, 3)

@@ -67,13 +67,15 @@ def unseen_waits(view: View, rank: int, state: RankState) -> set[Node]:
 
 def _same_step_waits(view: View, state: RankState, step: int, peers: list[int]) -> set[Node]:
     """Peers that began the rank's step too, yet leave it waiting: one that left the
-    step by an exception, and, where the rank is seen waiting in a collective (or
-    on its GPU), one seen inside the step doing something else (running, sleeping,
-    compiling). A rank not seen at work of its own waits on a peer in the step whose
-    stack could not be read while it used CPU (a compile py-spy failed on): one
-    cause, one culprit. Where what they do is not known, positions alone decide."""
+    step by an exception (whether or not it began a later step since: vLLM's worker
+    catches the exception and takes the next batch of a pipeline), and, where the
+    rank is seen waiting in a collective (or on its GPU), one seen inside the step
+    doing something else (running, sleeping, compiling). A rank not seen at work of
+    its own waits on a peer in the step whose stack could not be read while it used
+    CPU (a compile py-spy failed on): one cause, one culprit. Where what they do is
+    not known, positions alone decide."""
+    raised = {peer for peer in peers if left_by_error(view.ranks[peer], step)}
     same = [peer for peer in peers if entered_step(view.ranks[peer]) == step]
-    raised = {peer for peer in same if left_by_error(view.ranks[peer], step)}
     inside = [peer for peer in same if open_step(view.ranks[peer]) == step]
     if waits_on_peers(state):
         return raised | {peer for peer in inside if not_waiting(view.ranks[peer])}

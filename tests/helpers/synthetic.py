@@ -29,8 +29,9 @@ def vllm_tp2(steps: int, now_after: float) -> tuple[Job, float]:
     return job, t
 
 
-def caught_exception(job: Job, t: float, rank: int, step: int) -> None:
-    """vLLM's worker: the step raised, the engine caught it, the rank waits for work."""
+def caught_exception(job: Job, t: float, rank: int, step: int, went_on: bool = False) -> None:
+    """vLLM's worker: the step raised, the engine caught it, the rank waits for work
+    (went_on: it took the next step, as a pipeline's next batch comes at once)."""
     state = job.ranks[rank]
     event = job.phase(state, Phase.EXECUTE_MODEL, t + OP_S, t + 0.05, step)
     assert event in state.phases
@@ -38,4 +39,7 @@ def caught_exception(job: Job, t: float, rank: int, step: int) -> None:
     state.error = RaisedError(pid=state.identity.pid, at=t + 0.05, phase=Phase.EXECUTE_MODEL,
                               step=step, error="RuntimeError: injected by the plugin",
                               frame="tests/vllm_plugin.py:40 execute_model")
-    job.dequeue(rank, t + 0.06)
+    if went_on:
+        compiled_step(job, rank, step + 1, t + 0.06, None)
+    else:
+        job.dequeue(rank, t + 0.06)
