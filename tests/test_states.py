@@ -5,6 +5,7 @@ job whose TP all-reduce runs out of the probe's sight (a compiled model)."""
 import pytest
 
 from diagnose.analysis import analyze
+from diagnose.analysis.doing import SAMPLE_WAIT_S
 from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.snapshot import ActivitySample, Pause, RaisedError
 from diagnose.core.vocab import Activity, Phase, VerdictKind
@@ -325,13 +326,28 @@ def test_where_ptrace_is_refused_a_tie_falls_back_to_positions_at_once_and_says_
     for rank in (0, 1):
         job.ranks[rank].activity = ActivitySample(
             activity=Activity.UNKNOWN, taken_at=t + 1.5, pid=job.ranks[rank].identity.pid,
-            note="py-spy may not read pid 1000: Operation not permitted")
+            note="py-spy may not read pid 1000: Operation not permitted", denied=True)
     live = job.snapshot()
     live.sampling = True
     verdicts = analyze(live)
     assert [v.culprit_ranks for v in verdicts] == [[0, 1]]
     assert all(verdicts[0].evidence["states"][rank].startswith("unreadable (py-spy may not read")
                for rank in ("0", "1"))
+
+
+def test_a_dump_that_failed_once_holds_a_tie_back_for_the_next_sample():
+    """A CI run of our engine: rank 0 compiled inside its step and its one py-spy
+    dump failed (not refused), rank 1 waited in the collective. The failed dump
+    was taken for a sample to trust and the tie named both, on a healthy run."""
+    for stall_s, named in ((5.0, []), (5.0 + SAMPLE_WAIT_S, [[0, 1]])):
+        job, t = both_inside_step(stall_s=stall_s)
+        job.ranks[0].activity = ActivitySample(
+            activity=Activity.UNKNOWN, taken_at=t + 1.5, pid=job.ranks[0].identity.pid,
+            note="py-spy dump of pid 1000 failed: Error: no python thread found")
+        sample(job, 1, Activity.COLLECTIVE, IN_ALL_REDUCE, t + 1.5)
+        live = job.snapshot()
+        live.sampling = True
+        assert [v.culprit_ranks for v in analyze(live)] == named, stall_s
 
 
 def startup_tie() -> tuple[Job, float]:

@@ -34,6 +34,12 @@ def sampled(state: RankState) -> bool:
             and sample.taken_at >= last_progress(state))
 
 
+def settled(state: RankState) -> bool:
+    """Its last sample is all a tie will learn of it: it read what the rank does,
+    or ptrace was refused, so that no later sample will read more."""
+    return sampled(state) and (activity(state) is not None or state.activity.denied)
+
+
 def waits_on_peers(state: RankState) -> bool:
     return activity(state) in WAITING
 
@@ -64,9 +70,10 @@ def sample_wait(view: View, node: Node) -> float:
     launch samples states: a worker inside step N with nothing pending, beside a
     TP peer in the same place, is a tie that only what they are doing breaks
     (who waits in the collective, who does not); until both have a sample to
-    trust, naming either is a guess. A rank last found busy with no stack read
-    (progress, see last_progress) waits for the next sample to say whether it
-    still is. Without sampling, positions decide at once."""
+    trust (settled: a dump that failed once, on a rank compiling, says nothing
+    yet), naming either is a guess. A rank last found busy
+    with no stack read (progress, see last_progress) waits for the next sample to
+    say whether it still is. Without sampling, positions decide at once."""
     state = view.ranks.get(node) if isinstance(node, int) else None
     if not view.snapshot.sampling or state is None:
         return 0.0
@@ -75,7 +82,7 @@ def sample_wait(view: View, node: Node) -> float:
     if node in view.pending:
         return 0.0
     tied = tied_peers(view, node)
-    if not tied or all(sampled(view.ranks[rank]) for rank in tied + [node]):
+    if not tied or all(settled(view.ranks[rank]) for rank in tied + [node]):
         return 0.0
     return SAMPLE_WAIT_S
 

@@ -50,7 +50,7 @@ def activity_sample(pid: int, samples: Samples, taken_at: float) -> ActivitySamp
     last = samples.last_sample
     if last is None:
         return ActivitySample(Activity.UNKNOWN, taken_at, pid,
-                              note="; ".join(samples.notes) or "no stack")
+                              note="; ".join(samples.notes) or "no stack", denied=samples.denied)
     found = classify(last.main_frames)
     sample = ActivitySample(found.activity, last.at, pid, frame=found.frame, rule=found.rule,
                             frames=last.main_frames, native=last.native,

@@ -114,6 +114,7 @@ class ActivitySample:
     compiled_at: float | None = None      # the last sample that found it compiling
     busy: bool = False             # its process used CPU since the sample before (2% of the
                                    # time at least): it computes, it is not blocked
+    denied: bool = False           # ptrace was refused: no sample of it will read a stack
 
     def text(self, now: float) -> str:
         """'compiling 42 s', 'collective', 'sleeping': for people."""

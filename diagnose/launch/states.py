@@ -170,7 +170,7 @@ class StateSampler:
         found = classify(frames)
         return ActivitySample(activity=found.activity, taken_at=taken_at, pid=pid,
                               frame=found.frame, rule=found.rule, frames=frames, native=native,
-                              note=dump.note)
+                              note=dump.note, denied=dump.denied)
 
     def dumping(self) -> set[int]:
         """The ranks a dump may be stopping now: their heartbeat stands still because
