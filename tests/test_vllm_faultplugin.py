@@ -74,16 +74,47 @@ def test_with_dp_it_fires_on_that_dp_ranks_worker_only(monkeypatch):
     assert parse("rank=0,call=2,kind=raise") == [Fault(0, 2, "raise")]
 
 
-def test_with_after_it_fires_once_at_the_first_call_that_finds_the_file(monkeypatch, tmp_path):
+def test_with_after_it_fires_once_at_the_call_after_the_one_that_found_the_file(
+        monkeypatch, tmp_path):
     monkeypatch.setattr(hs_test_faults, "_calls", 0)
     go = tmp_path / "go"
     execute = hs_test_faults._with_faults(
         Worker.execute_model, parse(f"rank=1,call=2,kind=raise,after={go}"))
     assert [execute(Worker(1), step) for step in (1, 2, 3)] == ["ran 1", "ran 2", "ran 3"]
     go.touch()
+    assert execute(Worker(1), 4) == "ran 4"
     with pytest.raises(RuntimeError, match="rank 1 raised at call 2"):   # the spec's call
-        execute(Worker(1), 4)
-    assert [execute(Worker(1), step) for step in (5, 6)] == ["ran 5", "ran 6"]
+        execute(Worker(1), 5)
+    assert [execute(Worker(1), step) for step in (6, 7)] == ["ran 6", "ran 7"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["go", "go.call"]
+
+
+def test_with_after_tp_peers_that_looked_before_and_after_the_file_fire_at_one_call(
+        monkeypatch, tmp_path):
+    """The CI run this mends: rank 2 looked at call 52 before the test made the
+    file, rank 3 after it; rank 3 asserted in step 52 and rank 2 waited in it.
+    Each rank is a process of its own in vLLM: here each keeps its own count."""
+    go = tmp_path / "go"
+    faults = parse(f"rank=2,call=4,kind=assert,after={go};rank=3,call=4,kind=assert,after={go}")
+    execute = hs_test_faults._with_faults(Worker.execute_model, faults)
+    counts, fired = {2: (51, set()), 3: (51, set())}, {}
+
+    def step(rank: int, call: int) -> None:
+        monkeypatch.setattr(hs_test_faults, "_calls", counts[rank][0])
+        monkeypatch.setattr(hs_test_faults, "_fired", counts[rank][1])
+        try:
+            execute(Worker(rank), call)
+        except AssertionError:
+            fired[rank] = call
+        counts[rank] = (hs_test_faults._calls, hs_test_faults._fired)
+
+    step(2, 52)
+    go.touch()
+    step(3, 52)
+    for call in (53, 54):
+        step(2, call)
+        step(3, call)
+    assert fired == {2: 53, 3: 53}
 
 
 def test_with_after_it_skips_a_batch_of_no_tokens(monkeypatch, tmp_path):
@@ -94,6 +125,8 @@ def test_with_after_it_skips_a_batch_of_no_tokens(monkeypatch, tmp_path):
     execute = hs_test_faults._with_faults(
         Worker.execute_model, parse(f"rank=1,call=1,kind=raise,after={go}"))
     empty, batch = SchedulerOutput(0), SchedulerOutput(3)
+    assert execute(Worker(1), empty) == f"ran {empty}"
+    assert execute(Worker(1), batch) == f"ran {batch}"      # finds the file: call 3 on
     assert execute(Worker(1), empty) == f"ran {empty}"
     with pytest.raises(RuntimeError, match="rank 1 raised at call 1"):
         execute(Worker(1), batch)

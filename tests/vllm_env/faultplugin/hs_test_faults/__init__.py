@@ -5,10 +5,14 @@ plugin, inert unless HS_TEST_FAULT is set.
 
 On the worker of rank `rank` in DP rank `dp` (default 0: vLLM numbers each DP
 rank's workers from 0), at its `call`-th Worker.execute_model (1 is
-the first; with `after`, the first call from the `call`-th on at which the file
-PATH exists and that has tokens to run, so that a test picks the moment and the
-rank's peers have a step to wait in: with pp > 1 vLLM's engine core also sends
-batches of no tokens), before vLLM's own execute_model runs:
+the first), before vLLM's own execute_model runs. With `after`, a test picks
+the moment: the first worker to find the file PATH at a call (from the
+`call`-th on) that has tokens to run writes down the next call, and every
+fault of that PATH fires at the first call from that one on that has tokens
+(with pp > 1 vLLM's engine core also sends batches of no tokens, where no peer
+would wait). TP peers that looked for the file at one step, one before the test
+made it and one after, fire in the same step: the writer's TP peers cannot
+begin the next step before it has begun this one.
 
     sleep    block for `seconds` (default 3600), as a rank stuck inside a step
     raise    raise RuntimeError, which vLLM's worker loop catches and returns
@@ -103,8 +107,29 @@ def _has_work(scheduler_output) -> bool:
 def _due(fault: Fault, work: bool) -> bool:
     if fault.after is None:
         return fault.call == _calls
-    return (work and fault not in _fired and _calls >= fault.call
-            and os.path.exists(fault.after))
+    if not work or fault in _fired or _calls < fault.call:
+        return False
+    agreed = _agreed_call(fault.after)
+    return agreed is not None and _calls >= agreed
+
+
+def _agreed_call(path: str) -> int | None:
+    """The call the faults of `path` fire from: written once, by the first worker
+    that found `path` (a link, so no reader sees it half written)."""
+    agreed = path + ".call"
+    if not os.path.exists(agreed):
+        if not os.path.exists(path):
+            return None
+        mine = f"{agreed}.{os.getpid()}"
+        with open(mine, "w") as out:
+            out.write(str(_calls + 1))
+        try:
+            os.link(mine, agreed)
+        except FileExistsError:
+            pass
+        os.unlink(mine)
+    with open(agreed) as written:
+        return int(written.read())
 
 
 def _fire(fault: Fault) -> None:
