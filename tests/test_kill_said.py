@@ -1,7 +1,8 @@
 """diag says what it did: a real torchrun job that `--on-hang kill` ends has
 diag's one line where the kill happened, and `diag logs` on the capture (the
 terminal's, and output.log) names the hang from diag's own lines, not the
-SignalException traceback that torchrun prints when diag's SIGTERM reaches it."""
+SignalException traceback that torchrun prints when diag's SIGTERM reaches it
+(or the ChildFailedError it raises when it sees its ranks end first)."""
 import json
 import os
 import subprocess
@@ -36,7 +37,10 @@ def test_a_killed_torchrun_job_is_read_as_the_hang_diag_found(tmp_path):
     assert code == 1, capture.read_text()[-3000:]      # a verdict
     text = capture.read_text()
     assert text.count(ENDED) == 1
-    assert "got signal: 15" in text.split(ENDED, 1)[1]     # torchrun's traceback came after
+    # torchrun's traceback came after: diag's SIGTERM reached it in its monitor loop,
+    # or it saw its ranks end first (tests/fixtures/logs: torchrun_ended_by_diag_...)
+    said_after = text.split(ENDED, 1)[1]
+    assert "got signal: 15" in said_after or "ChildFailedError" in said_after, said_after
     for path in (capture, run_dir / "output.log"):
         code, findings = diag_logs(path)
         assert code == 1
@@ -46,4 +50,6 @@ def test_a_killed_torchrun_job_is_read_as_the_hang_diag_found(tmp_path):
         assert not [f for f in findings if "SignalException" in f["summary"]
                     and f["severity"] != "note"]
         stopped = [f for f in findings if f["kind"] == "after_shutdown"]
-        assert len(stopped) == 1 and "SignalException" in stopped[0]["summary"]
+        assert len(stopped) == 1, findings
+        assert ("SignalException" in stopped[0]["summary"]
+                or "ChildFailedError" in stopped[0]["summary"]), stopped

@@ -301,3 +301,13 @@ def test_an_exception_before_diags_verdict_stays_first(tmp_path):
     assert (verdict.kind, verdict.severity, verdict.rank) == (Kind.DIAG_VERDICT, Severity.FAILURE, 1)
     assert (stopped.kind, stopped.severity) == (Kind.AFTER_SHUTDOWN, Severity.NOTE)
     assert "SignalException" in stopped.summary
+
+
+def test_torchrun_that_saw_its_ranks_end_before_diags_sigterm_is_after_the_shutdown():
+    """The other ending of a torchrun job diag ends: torchrun notices its ranks'
+    SIGTERM first and raises ChildFailedError ("exitcode: -15"), no SignalException."""
+    verdict, stopped = read("torchrun_ended_by_diag_child_failed.log")
+    assert (verdict.kind, verdict.severity, verdict.rank) == (Kind.DIAG_VERDICT, Severity.HANG, 1)
+    assert verdict.summary.startswith("diag launch: [collective_missing_peers] rank 1 ")
+    assert (stopped.kind, stopped.severity) == (Kind.AFTER_SHUTDOWN, Severity.NOTE)
+    assert "ChildFailedError" in stopped.summary
