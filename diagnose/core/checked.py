@@ -3,7 +3,8 @@ against their annotations, so that a string where a time belongs is refused
 where it is read and never reaches the analysis as a TypeError.
 
 Numbers must be finite (JSON allows Infinity and NaN); bool is no int. A
-field that holds a dataclass is built from its dict the same way.
+field that holds a dataclass is built from its dict the same way, one that
+holds an enum from its value.
 
 Each annotation is turned into a check function once (`_check_for`): a run dir
 of 16,384 ranks checks 16,384 identities of one shape.
@@ -11,6 +12,7 @@ of 16,384 ranks checks 16,384 identities of one shape.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import types
 import typing
@@ -48,6 +50,8 @@ def _check_for(hint) -> Check:
         return _dict_of(_check_for(key_hint), _check_for(item_hint))
     if dataclasses.is_dataclass(hint):
         return _dataclass(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _member_of(hint)
     if hint in PLAIN:
         return PLAIN[hint]
     raise ValueError(f"no check for {hint}")
@@ -169,6 +173,15 @@ def _int(value):
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{_short(value)} is not a whole number")
     return value
+
+
+def _member_of(kind: type[enum.Enum]) -> Check:
+    def check(value):
+        try:
+            return kind(value)
+        except (ValueError, TypeError):
+            raise ValueError(f"{_short(value)} is no {kind.__name__}") from None
+    return check
 
 
 def _instance(kind: type, name: str) -> Check:
