@@ -78,6 +78,9 @@ class StillSource:
     def judged(self) -> Judged:
         return Judged(self.fixed, tuple(self.fixed_verdicts))
 
+    def launcher_judgment(self) -> None:
+        return None
+
     def command(self) -> None:
         return None
 

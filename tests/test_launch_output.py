@@ -6,10 +6,14 @@ import json
 import os
 import signal
 import sys
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from diagnose.core.vocab import VerdictKind
+from diagnose.launch import judged_file
+from diagnose.launch.launcher import REPUBLISH_S
 from helpers.run import PROGRAMS, free_port, launch_process, left_behind, wait_for
 
 TWO_RANKS = [sys.executable, os.path.join(PROGRAMS, "two_ranks.py")]
@@ -34,6 +38,10 @@ def test_ranks_that_end_normally_are_exited_in_the_summary_and_the_report(tmp_pa
     assert [(row[0], row[2]) for row in rows] == [("0", "exited"), ("1", "exited")], out
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert [row["state"] for row in report["ranks"]] == ["exited", "exited"]
+    judged = judged_file.read(str(tmp_path / "run"))
+    assert judged is not None and judged.verdicts == []
+    ended = json.loads((tmp_path / "run" / "exit.json").read_text())["ended_at"]
+    assert judged.taken_at >= ended - 1.0                 # written again at the end
 
 
 def test_a_hang_is_printed_once_however_long_it_lasts(tmp_path):
@@ -47,7 +55,13 @@ def test_a_hang_is_printed_once_however_long_it_lasts(tmp_path):
         wait_for(lambda: diag.poll() is not None or (run_dir / "report.json").exists(), 30,
                  what="report.json")
         assert diag.poll() is None
+        written, since = (run_dir / judged_file.NAME).stat().st_mtime_ns, time.monotonic()
         wait_for(lambda: hang_seen_for(port, 4.0), 60, what="4 s of the hang on /metrics")
+        judged = judged_file.read(str(run_dir))      # for diag tui
+        assert [(v.kind, v.culprit_ranks) for v in judged.verdicts] == [
+            (VerdictKind.NEVER_REACHED, [0])]
+        if time.monotonic() - since < REPUBLISH_S:   # not written again at every poll
+            assert (run_dir / judged_file.NAME).stat().st_mtime_ns == written
         diag.send_signal(signal.SIGTERM)
         _, err = diag.communicate(timeout=30)
     finally:

@@ -80,10 +80,12 @@ def test_a_new_or_empty_dir_is_marked_and_taken_again_and_cleared(tmp_path):
         marker = json.loads((run_dir / claim.MARKER_FILE).read_text())
         assert marker["written_by"] == claim.MARKER_IDENTITY
         (run_dir / "stacks-9.json").write_text("{}")      # as an earlier run's dump
+        (run_dir / "judged.json.part").write_text("{}")   # as a launcher killed mid-write
         (run_dir / "notes.txt").write_text("the user's own")
         again = diag("launch", "--run-dir", str(run_dir), "--", "true")
         assert again.returncode == 0, again.stderr
         assert not (run_dir / "stacks-9.json").exists()
+        assert not (run_dir / "judged.json.part").exists()
         assert (run_dir / "notes.txt").read_text() == "the user's own"
 
 

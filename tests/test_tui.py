@@ -4,6 +4,7 @@ over a run dir of live probed processes, and as screen snapshots."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,7 +21,8 @@ from helpers.run import diag
 from helpers.synthetic import Job
 from helpers.tui_synthetic import (PP, SIZE, TP, RecordingController, SyntheticSource, no_fault, offered,
                                    rank6_never_reached, screen_text, settle, started, until)
-from diagnose.launch.rundir import open_run as open_run_dir
+from diagnose.launch import judged_file
+from diagnose.launch.rundir import RunDirSource, open_run as open_run_dir
 from tui.app import POLL_INTERVAL_S, TYPING_REST_S, DiagApp
 from tui.log_files import read_log_tail
 from tui.grid_model import (CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid,
@@ -28,6 +30,7 @@ from tui.grid_model import (CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_
 from tui.quit_screen import QuitScreen
 from tui.rank_detail import RankDetail
 from tui.rank_grid import RankGrid
+from tui.verdict_bar import VerdictBar
 
 REPO = Path(__file__).parent.parent
 
@@ -129,6 +132,44 @@ async def test_recorded_rank6_run_names_the_culprit_with_its_stack():
         assert "block_forever" in text  # the stack the probe dumped on the hang
         await pilot.press("right")
         assert app.selected_rank == 7
+
+
+class HeldRunDir(RunDirSource):
+    """The run dir's own source, its reads held until the test lets them go: a
+    read and judgment of 16,384 ranks take seconds, of this recorded run none."""
+
+    def __init__(self, run_dir: str) -> None:
+        super().__init__(run_dir)
+        self.release = threading.Event()
+
+    def judged(self):
+        self.release.wait(30)
+        return super().judged()
+
+
+def bar_text(app) -> str:
+    return app.query_one(VerdictBar).render().plain
+
+
+@pytest.mark.anyio
+async def test_diag_launchs_verdict_shows_at_once_and_the_views_own_replaces_it(tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED / "rank6_never_reached", run_dir)
+    snapshot = open_run_dir(str(run_dir)).snapshot()
+    judged_file.write(str(run_dir), snapshot, analyze(snapshot))   # as diag launch does
+    source = HeldRunDir(str(run_dir))
+    app = DiagApp(source)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "as diag launch judged it at" in bar_text(app))
+            assert bar_text(app).startswith("rank 6 (pp 3/4, tp 0) never reached execute_model")
+            assert app.snapshot is None                    # before any read of its own
+            source.release.set()
+            await until(pilot, lambda: "▸rank 6  CULPRIT" in screen_text(app))
+            assert "as diag launch judged" not in bar_text(app)
+            assert bar_text(app).startswith("rank 6 (pp 3/4, tp 0) never reached execute_model")
+    finally:
+        source.release.set()
 
 
 @pytest.mark.anyio

@@ -39,6 +39,7 @@ class Source(Protocol):
     """What the TUI shows and the two things it may ask of the ranks
     (diagnose.launch.rundir has the run dir's and the launcher's)."""
     def judged(self) -> Judged: ...     # a snapshot and its verdicts, as one
+    def launcher_judgment(self): ...    # diag launch's latest verdicts, or None
     def request_dump(self) -> list[str]: ...
     def py_spy(self, pid: int, native: bool): ...
     def command(self) -> list[str] | None: ...
@@ -121,6 +122,7 @@ class DiagApp(App):
         self.query_one(RankGrid).focus()
         self.query_one(RankGrid).no_ranks = no_ranks_text(
             Snapshot(time.time(), self.source.run_dir, {}), self.started_at, self.command)
+        self.read_launcher_judgment()
         self.poll()
         self.set_interval(POLL_INTERVAL_S, self.poll_due)
 
@@ -150,6 +152,12 @@ class DiagApp(App):
             self.poll_began = time.monotonic()
             self.read_source(self.selected_rank)
 
+    @work(thread=True, group="launcher", exit_on_error=False)
+    def read_launcher_judgment(self):
+        """What diag launch concluded last, shown until this view's first read is
+        judged: at 16,384 ranks that read and judgment take seconds."""
+        return self.source.launcher_judgment()
+
     @work(thread=True, group="poll", exit_on_error=False)
     def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
         judged = self.source.judged()
@@ -175,6 +183,9 @@ class DiagApp(App):
             self.query_one(OutputPane).tail = output
             self.verdicts = verdicts
             self.snapshot = snapshot
+        elif worker.group == "launcher" and worker.result is not None and self.snapshot is None:
+            self.query_one(VerdictBar).show_launchers(worker.result.verdicts,
+                                                      worker.result.taken_at)
         elif worker.group == "log":
             self.log_tail = worker.result
             self.show_detail()
@@ -223,7 +234,8 @@ class DiagApp(App):
                 or culprit_named and not self.culprit_was_named):
             grid.selected = default_selection(model)  # jump to a culprit once it is named
         self.culprit_was_named = culprit_named
-        self.query_one(VerdictBar).verdicts = self.verdicts
+        bar = self.query_one(VerdictBar)
+        bar.said_by, bar.verdicts = "", self.verdicts
         status = status_text(self.snapshot, self.blocking, self.query_text, self.servers,
                              read_only=self.controller is None)
         if self.read_error:

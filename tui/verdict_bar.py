@@ -1,5 +1,8 @@
-"""The verdict in one sentence: the culprit in red, the ranks waiting on it in yellow."""
+"""The verdict in one sentence: the culprit in red, the ranks waiting on it in yellow;
+diag launch's own, said so, until the view has judged its first read."""
 from __future__ import annotations
+
+import time
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -11,11 +14,25 @@ from diagnose.offline.report import summary_text
 
 
 class VerdictBar(Widget):
-    COMPONENT_CLASSES = {"verdict-bar--culprit", "verdict-bar--victim", "verdict-bar--ok"}
+    COMPONENT_CLASSES = {"verdict-bar--culprit", "verdict-bar--victim", "verdict-bar--ok",
+                         "verdict-bar--source"}
 
     verdicts: reactive[list[Verdict]] = reactive(list)
+    said_by: reactive[str] = reactive("")   # whose verdicts, where not this view's
+
+    def show_launchers(self, verdicts: list[Verdict], taken_at: float) -> None:
+        self.said_by = (f"  · as diag launch judged it at "
+                        f"{time.strftime('%H:%M:%S UTC', time.gmtime(taken_at))}; "
+                        f"reading the run dir…")
+        self.verdicts = verdicts
 
     def render(self) -> Text:
+        said = self.render_verdicts()
+        if self.said_by:
+            said.append(self.said_by, style=self.get_component_rich_style("verdict-bar--source"))
+        return said
+
+    def render_verdicts(self) -> Text:
         if not self.verdicts:
             return Text("no hang detected", style=self.get_component_rich_style("verdict-bar--ok"))
         styles = {Mention.CULPRIT: self.get_component_rich_style("verdict-bar--culprit"),

@@ -82,10 +82,10 @@ def write_json(path: str, body: dict, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {error.strerror}") from None
 
 
-def open_source(path: str, prefix: str | None = None):
+def open_source(path: str, prefix: str | None = None, first_read: bool = True):
     """The source of a run dir, Flight Recorder dumps or torch.distributed.debug dumps."""
     from diagnose.launch.rundir import RunDirError, open_run
     try:
-        return open_run(path, prefix)
+        return open_run(path, prefix, first_read)
     except RunDirError as error:
         raise UsageError(str(error)) from None

@@ -51,7 +51,7 @@ def add_tui(commands) -> None:
 
 
 def tui_command(args) -> int:
-    source = open_source(args.run_dir)
+    source = open_source(args.run_dir, first_read=False)   # the TUI shows diag launch's verdict first
     print(f"diag: opening the TUI on {args.run_dir}…", file=sys.stderr, flush=True)
     from tui.app import DiagApp
     DiagApp(source).run()

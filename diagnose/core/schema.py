@@ -17,6 +17,7 @@ FIELD = "schema_version"
 
 class Document(Name):
     REPORT = "report.json"              # diag launch's report (and its -o copy)
+    JUDGED = "judged.json"              # diag launch's latest verdicts, as they change
     EXIT = "exit.json"                  # how the command ended
     LAUNCH = "launch.json"              # what diag launch ran, with which options
     NODE = "node-N.json"                # a multi-node head's last report of node N

@@ -22,6 +22,7 @@ import time
 
 from diagnose.core.output import OUTPUT_LOG
 from diagnose.core.schema import Document
+from diagnose.launch import judged_file
 from diagnose.launch.collector import EXIT_FILE
 from diagnose.probe.marks import ALONE_CLAIM, ARMED_FILE
 from diagnose.probe.notes import NOTES_FILE
@@ -133,4 +134,4 @@ def _is_run_file(name: str) -> bool:
     return (name.endswith(".probe")
             or name.startswith(("stacks-", "node-", "error-", "fatal-", "hook-", "state-"))
             or name in (EXIT_FILE, Document.REPORT, Document.LAUNCH, OUTPUT_LOG, ARMED_FILE,
-                         ALONE_CLAIM, NOTES_FILE))
+                         ALONE_CLAIM, NOTES_FILE, judged_file.NAME, judged_file.PART))

@@ -32,7 +32,7 @@ from diagnose.core.schema import Document
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import Crash, Judged, Snapshot, Stop, Verdict
 from diagnose.core.vocab import HANG_KINDS
-from diagnose.launch import claim, first_failure, flight
+from diagnose.launch import claim, first_failure, flight, judged_file
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.states import StateSampler
 from diagnose.launch.dump import py_spy_all
@@ -55,6 +55,7 @@ POLL_S = 0.25
 STOP_GRACE_S = 10.0
 ENDING_WAIT_S = 30.0    # a command whose main thread has exited, for its exit code
 SHM_SAMPLE_S = 2.0      # how often the job's shared memory is noted
+REPUBLISH_S = 10.0      # judged.json written again, unchanged, after this long
 
 
 @dataclass
@@ -88,6 +89,8 @@ class Launcher:
         self.waiting = Waiting(opts.marks, opts.run_dir)
         self.reported: set[tuple] = set()     # the hangs dumped and reported
         self.said: set[tuple] = set()         # the verdicts said in the output
+        self.published: tuple | None = None   # the verdicts judged.json holds
+        self.published_at = 0.0              # time.monotonic() of its last write
         self.echo_verdicts = False            # and on the terminal (no view shows them)
         self.judged: Judged | None = None     # the last poll's snapshot and verdicts, as one
         self.crash: Crash | None = None      # the first failure, once the job ended after it
@@ -175,6 +178,7 @@ class Launcher:
         if found.stop is not None:
             self.request_stop(found.stop, by="head")
         self._say_new_verdicts()
+        self._publish()
         if self.monitor is not None:
             self.monitor.publish(snapshot, self.verdicts, verdict_key, time.monotonic() - began)
         return self.verdicts
@@ -187,6 +191,21 @@ class Launcher:
             if verdict_key(verdict) not in self.said:
                 self.said.add(verdict_key(verdict))
                 self.output.say(f"{verdict.kind}: {verdict.summary}", echo=self.echo_verdicts)
+
+    def _publish(self, last: bool = False) -> None:
+        """judged.json (judged_file.py): when the verdicts change, else every
+        REPUBLISH_S (its time says how fresh it is; 16,384 victims make 2 MB to
+        write) and at the end; a write that fails (a full disk) leaves `diag tui`
+        to judge for itself, as before."""
+        held = tuple(verdict_key(verdict) for verdict in self.verdicts)
+        now = time.monotonic()
+        if not last and held == self.published and now - self.published_at < REPUBLISH_S:
+            return
+        self.published, self.published_at = held, now
+        try:
+            judged_file.write(self.opts.run_dir, self.judged.snapshot, self.verdicts)
+        except OSError:
+            pass
 
     def run(self, on_update=lambda launcher: None) -> Outcome:
         """Start the command and watch it until it ends, a hang ends it, or stop()."""
@@ -242,6 +261,7 @@ class Launcher:
         found = self.role.leave(last, STOP_GRACE_S, EXIT_INTERRUPTED)
         if found is not None:
             self.judged = Judged(last, tuple(found.verdicts))
+            self._publish(last=True)
 
     def _on_hangs(self) -> Outcome | None:
         """Dumps and reports new hangs; the outcome once they end the run."""

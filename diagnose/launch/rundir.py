@@ -17,6 +17,7 @@ from diagnose.analysis.thresholds import Thresholds
 from diagnose.core.files import read_small
 from diagnose.core.schema import Document, read_version
 from diagnose.core.snapshot import Judged, Snapshot, Verdict, snapshot_from_dict
+from diagnose.launch import judged_file
 from diagnose.launch.collector import Collector, request_dump
 from diagnose.launch.py_spy import ExternalStacks, py_spy_dump
 from diagnose.offline.flight_recorder import FlightRecorderError, looks_like_fr_dir, read_fr_dir
@@ -54,6 +55,11 @@ class Source:
         snapshot = self.snapshot()
         return Judged(snapshot, tuple(self.verdicts(snapshot)))
 
+    def launcher_judgment(self) -> judged_file.LaunchJudgment | None:
+        """What diag launch last concluded, where it said so: for the TUI to show
+        until its own first judgment is made."""
+        return None
+
     def request_dump(self) -> list[str]:
         """Every live rank writes its stacks; one note per rank that did not."""
         return request_dump(self.run_dir)
@@ -70,6 +76,7 @@ class RunDirSource(Source):
         super().__init__(run_dir)
         self.collector = Collector(run_dir)
         self.first: Snapshot | None = None    # open_run's read, handed out once
+        self.opened = False                   # a read has shown the run dir judgeable
 
     @property
     def notes(self) -> list[str]:
@@ -81,7 +88,24 @@ class RunDirSource(Source):
 
     def snapshot(self) -> Snapshot:
         first, self.first = self.first, None
-        return first or self.collector.snapshot()
+        if first is not None:
+            return first
+        snapshot = self.collector.snapshot()
+        if not self.opened:
+            self._check_judgeable(snapshot)
+            self.opened = True
+        return snapshot
+
+    def _check_judgeable(self, snapshot: Snapshot) -> None:
+        if not snapshot.ranks and snapshot.driver is None:
+            raise RunDirError(f"cannot read any probe file in {self.run_dir}: no readable "
+                              f"probe file ({'; '.join(self.notes)})")
+        if self.collector.refused:
+            raise RunDirError(f"cannot judge the run in {self.run_dir} without "
+                              f"{self.collector.refused[0]}")
+
+    def launcher_judgment(self) -> judged_file.LaunchJudgment | None:
+        return judged_file.read(self.run_dir)
 
     def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
         return analyze(snapshot, thresholds)
@@ -143,9 +167,12 @@ MAX_SNAPSHOT_BYTES = 256 << 20
 MAX_LAUNCH_BYTES = 1 << 20
 
 
-def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
+def open_run(path: str, prefix: str | None = None,
+             first_read: bool = True) -> RunDirSource | DumpSource:
     """The source for `path`, once it has shown something readable; prefix names
-    the Flight Recorder dumps (PREFIX<rank>) as torchfrtrace's -p does."""
+    the Flight Recorder dumps (PREFIX<rank>) as torchfrtrace's -p does. Without
+    first_read, a run dir where diag launch wrote its judgment is read first by
+    the source's first snapshot (RunDirError from there)."""
     if not os.path.exists(path):
         raise RunDirError(f"no run dir at {path}: no such file or directory")
     if not os.path.isdir(path):
@@ -156,7 +183,7 @@ def open_run(path: str, prefix: str | None = None) -> RunDirSource | DumpSource:
     if glob.glob(os.path.join(path, "*.probe")):
         if prefix is not None:
             raise RunDirError(f"--prefix names Flight Recorder dump files; {path} is a run dir")
-        return _probe_source(path)
+        return _probe_source(path, first_read)
     if os.path.exists(os.path.join(path, Document.SNAPSHOT)):
         return _snapshot_source(path)
     try:
@@ -194,16 +221,13 @@ def _snapshot_source(path: str) -> SnapshotSource:
     return SnapshotSource(path, snapshot, snapshot.notes)
 
 
-def _probe_source(path: str) -> RunDirSource:
+def _probe_source(path: str, first_read: bool) -> RunDirSource:
+    """The run dir, read once here (a run dir of 16,384 ranks takes seconds to
+    read) so that a dir that cannot be judged is refused at once; a caller that
+    shows diag launch's own judgment meanwhile may leave that to its first read."""
     source = RunDirSource(path)
-    first = source.snapshot()
-    if not first.ranks and first.driver is None:
-        raise RunDirError(f"cannot read any probe file in {path}: no readable probe file "
-                          f"({'; '.join(source.notes)})")
-    if source.collector.refused:
-        raise RunDirError(f"cannot judge the run in {path} without "
-                          f"{source.collector.refused[0]}")
-    source.first = first         # a run dir of 16,384 ranks takes seconds to read
+    if first_read or not os.path.exists(os.path.join(path, judged_file.NAME)):
+        source.first = source.snapshot()
     return source
 
 

@@ -82,6 +82,9 @@ class SyntheticSource:
         snapshot = self.snapshot()
         return Judged(snapshot, tuple(analyze(snapshot)))
 
+    def launcher_judgment(self) -> None:
+        return None          # no diag launch wrote one
+
 
 class RecordingController:
     """A test double for the controller `diag launch` passes: records what the TUI asks."""
