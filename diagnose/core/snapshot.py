@@ -290,11 +290,9 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
-        """A verdict from its dataclasses.asdict() form; TypeError or ValueError
-        on anything malformed."""
-        spans = [Span(span["start"], span["end"], Mention(span["mention"]))
-                 for span in data.get("spans", [])]
-        return cls(**(data | {"kind": VerdictKind(data["kind"]), "spans": spans}))
+        """A verdict from its dataclasses.asdict() form, every field checked;
+        ValueError on anything malformed."""
+        return checked(cls, data)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Agent:
             return Found(self.verdicts)
         try:
             self.verdicts = [Verdict.from_dict(verdict) for verdict in reply.verdicts]
-        except (TypeError, ValueError, KeyError):
+        except ValueError:
             self.verdicts = []
         if reply.dump > self.dumps_done:      # the next report carries the stacks
             flight.ask_nccl_ranks(self.run_dir)   # dumps stay in this node's run dir
