@@ -66,3 +66,53 @@ def test_a_py_spy_without_native_frames_says_so_and_gives_pythons(tmp_path, monk
     assert stacks.threads == {"MainThread": ["app/serve.py:3 main"]}
     assert stacks.note == ("no native frames for pid 1234: py-spy dump of pid 1234 failed: "
                            "Error: native stack traces are not supported; Python frames only")
+
+
+HOLDER = """import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+pid = int(sys.argv[1])
+if libc.ptrace(16, pid, 0, 0) != 0:          # PTRACE_ATTACH: the target stops
+    sys.exit(f"attach: errno {ctypes.get_errno()}")
+os.waitpid(pid, 0)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+libc.ptrace(17, pid, 0, 0)                    # PTRACE_DETACH
+"""
+# What py-spy 0.4 printed for a process another tracer held (above: RUST_BACKTRACE set).
+SUSPEND_REFUSED = """Error: Failed to get stack traces
+
+Caused by:
+    0: Failed to suspend process
+    1: EPERM: Operation not permitted
+    2: EPERM: Operation not permitted
+
+Stack backtrace:
+   0: <E as anyhow::context::ext::StdError>::ext_context
+   1: py_spy::python_spy::PythonSpy::get_stack_traces
+   9: main
+"""
+
+
+def test_a_process_another_tracer_holds_is_dumped_once_it_lets_go():
+    """A CI run: `diag dump` met the launcher's own py-spy pausing the rank, and
+    reported ptrace refused. A real second tracer holds a process for a second."""
+    target = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(60)\n"])
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(target.pid), "1.0"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n", holder.wait(10)
+        with open(f"/proc/{target.pid}/status") as status:
+            assert f"TracerPid:\t{holder.pid}\n" in status.read()
+        stacks = py_spy.py_spy_dump(target.pid)
+        assert stacks.threads and stacks.note is None and not stacks.denied, stacks.note
+    finally:
+        for process in (holder, target):
+            process.kill()
+            process.wait()
+
+
+def test_py_spys_error_is_said_by_its_first_line_and_innermost_cause():
+    note = py_spy._failure_note(7, SUSPEND_REFUSED)
+    assert note.startswith("py-spy may not read pid 7: Error: Failed to get stack traces "
+                           "(EPERM: Operation not permitted) (run as root")
+    assert py_spy._failure_note(7, "") == "py-spy dump of pid 7 failed: no message"

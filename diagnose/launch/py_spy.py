@@ -8,12 +8,14 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from diagnose.core.frames import frame_label, is_native, native_label
 
 _LOCKS_LOCK = threading.Lock()
 _PID_LOCKS: dict[int, threading.Lock] = {}   # one py-spy at a time on a process
+TRACED_WAIT_S = 2.0     # for another tracer to let the process go (its dump pauses it)
 
 
 @dataclass
@@ -60,12 +62,22 @@ def _dump(exe: str, pid: int, native: bool, timeout: float) -> ExternalStacks:
 
 def _run(exe: str, pid: int, native: bool, timeout: float,
          extra: list[str] | None = None) -> ExternalStacks:
+    """One dump; one more where ptrace was refused: a process another tracer
+    holds (a py-spy of another diag process: the launcher's sampler while diag
+    dump runs) refuses a second one with EPERM, as a process ptrace may not read
+    does. Each attaching dump first waits for the process to be free."""
     command = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     command += extra or []
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return ExternalStacks(None, f"py-spy dump of pid {pid} took over {timeout:g}s")
+    attaches = "--nonblocking" not in command
+    for attempt in (1, 2):
+        if attaches:
+            _wait_untraced(pid, min(timeout, TRACED_WAIT_S))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return ExternalStacks(None, f"py-spy dump of pid {pid} took over {timeout:g}s")
+        if done.returncode == 0 or not _denied(done.stderr):
+            break
     if done.returncode != 0:
         return ExternalStacks(None, _failure_note(pid, done.stderr), _denied(done.stderr))
     try:
@@ -73,6 +85,24 @@ def _run(exe: str, pid: int, native: bool, timeout: float,
         return ExternalStacks(threads_from_json(dump), main=_main_thread(dump, pid))
     except (ValueError, KeyError, TypeError) as error:
         return ExternalStacks(None, f"py-spy output for pid {pid} not understood: {error}")
+
+
+def _wait_untraced(pid: int, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while _tracer(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _tracer(pid: int) -> int:
+    """The pid of the process tracing `pid` (0: none, or it cannot be told)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _beside_python(name: str) -> str | None:
@@ -86,7 +116,7 @@ def _denied(stderr: str) -> bool:
 
 
 def _failure_note(pid: int, stderr: str) -> str:
-    text = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
+    text = _telling_line(stderr)
     lowered = stderr.lower()
     if _denied(stderr):
         return (f"py-spy may not read pid {pid}: {text} (run as root, or allow ptrace: "
@@ -94,6 +124,22 @@ def _failure_note(pid: int, stderr: str) -> str:
     if "no such" in lowered or "failed to find" in lowered:
         return f"py-spy: pid {pid} is gone ({text})"
     return f"py-spy dump of pid {pid} failed: {text}"
+
+
+def _telling_line(stderr: str) -> str:
+    """py-spy's error in one line: its first, with the innermost cause where it
+    lists causes ("Caused by:", then numbered lines; a backtrace may follow)."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    if not lines:
+        return "no message"
+    causes = []
+    if "Caused by:" in lines:
+        for line in lines[lines.index("Caused by:") + 1:]:
+            number, _, cause = line.partition(": ")
+            if not number.isdigit():
+                break
+            causes.append(cause)
+    return f"{lines[0]} ({causes[-1]})" if causes else lines[0]
 
 
 def _thread_name(thread: dict, taken: dict) -> str:
