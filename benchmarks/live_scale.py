@@ -163,13 +163,16 @@ def _rss(processes: list[psutil.Process]) -> int:
 @dataclass
 class TuiTimes:
     open_s: float | None
+    view_s: float | None             # until its own view (the grid, the culprit's cell) is up
     key_ms: list[float | None]       # None: the key's change did not show within KEY_WAIT_S
     screens: list[tuple[float, str]]  # (seconds since start, its top lines) while opening
 
 
 def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
-    """`diag tui RUN_DIR` in a pty: the time until its screen names the culprit,
-    then each key of KEY_ROUNDS until the screen shows what it changed."""
+    """`diag tui RUN_DIR` in a pty: the time until its screen names the culprit
+    (diag launch's verdict, where it shows that first), then until its own view
+    is up (the grid with the culprit's cell: before it, a key has no rank to
+    act on), then each key of KEY_ROUNDS until the screen shows what it changed."""
     started = time.monotonic()
     term = Terminal([sys.executable, "-m", "diagnose.cli", "tui", run_dir], env=dict(os.environ),
                     columns=SCREEN[0], lines=SCREEN[1])
@@ -177,6 +180,9 @@ def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
         screens: list[tuple[float, str]] = []
         opened = _until(term, culprit_name, True, OPEN_WAIT_S, started, screens)
         open_s = None if opened is None else opened - started
+        viewed = (opened if opened is not None and re.search(KEYS[0][1], term.text())
+                  else _until(term, KEYS[0][1], True, OPEN_WAIT_S, started, screens))
+        view_s = None if viewed is None else viewed - started
         key_ms = []
         for _ in range(KEY_ROUNDS):
             for key, pattern, shown in KEYS:
@@ -186,7 +192,7 @@ def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
                 key_ms.append(None if answered is None else 1000 * (answered - sent))
     finally:
         term.child.terminate(force=True)
-    return TuiTimes(open_s, key_ms, screens)
+    return TuiTimes(open_s, view_s, key_ms, screens)
 
 
 def _until(term: Terminal, pattern: str, shown: bool, wait_s: float, since: float,
@@ -260,7 +266,7 @@ def run(args) -> dict:
         "head_peak_rss_mb": watch.peak_rss / 2**20,
         "head_workers_peak_rss_mb": watch.peak_workers_rss / 2**20,
         "hang_at": plan.hang_at, "verdict_s": verdict_s, "verdict": watch.verdict,
-        "tui_open_s": tui.open_s, "tui_key_ms": tui.key_ms, "tui_open_screens": tui.screens,
+        "tui_open_s": tui.open_s, "tui_view_s": tui.view_s, "tui_key_ms": tui.key_ms, "tui_open_screens": tui.screens,
         "tui_key_ms_median": _median(tui.key_ms), "tui_key_ms_max": _max(tui.key_ms),
         "head_exit": exit_code,
         "machine": machine(),
@@ -284,6 +290,10 @@ def tail(path: str, lines: int = 5) -> list[str]:
         return []
 
 
+def _plain(value: float | None, unit: str) -> str:
+    return f"{'-' if value is None else f'{value:.2f} {unit}'} | - | -"
+
+
 def table(result: dict) -> str:
     def met(value, aim, unit):
         if value is None:
@@ -295,6 +305,7 @@ def table(result: dict) -> str:
          met(result["head_cores_to_verdict"], AIMS["head_cores"], "cores")),
         ("verdict after the planted hang", met(result["verdict_s"], AIMS["verdict_s"], "s")),
         ("`diag tui` open", met(result["tui_open_s"], AIMS["tui_open_s"], "s")),
+        ("`diag tui`, its own view up (grid, culprit's cell)", _plain(result["tui_view_s"], "s")),
         ("`diag tui` key, median", met(result["tui_key_ms_median"], AIMS["key_ms"], "ms")),
         ("`diag tui` key, max", met(result["tui_key_ms_max"], AIMS["key_ms"], "ms")),
     ]

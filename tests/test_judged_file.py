@@ -55,3 +55,14 @@ def test_a_fifo_or_an_outsized_file_is_not_read(tmp_path, monkeypatch):
     size = len(json.dumps(written(tmp_path)))
     monkeypatch.setattr(judged_file, "MAX_BYTES", size - 1)
     assert judged_file.read(str(tmp_path)) is None
+
+
+def test_the_tuis_reader_reads_again_only_a_file_that_changed(tmp_path):
+    reader = judged_file.Reader(str(tmp_path))
+    assert reader.read() is None
+    written(tmp_path)
+    first = reader.read()
+    assert first is not None and reader.read() is first
+    snapshot = rank6_never_reached()
+    judged_file.write(str(tmp_path), snapshot, [])
+    assert reader.read().verdicts == []

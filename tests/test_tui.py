@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,24 @@ async def test_diag_launchs_verdict_shows_at_once_and_the_views_own_replaces_it(
             assert bar_text(app).startswith("rank 6 (pp 3/4, tp 0) never reached execute_model")
     finally:
         source.release.set()
+
+
+@pytest.mark.anyio
+async def test_diag_launchs_verdict_on_newer_ranks_than_the_views_stays_and_says_so(tmp_path):
+    """A head's node files lag what it holds by up to 10 s: diag tui's own first
+    judgment of a live 4,096-rank head dir said no hang 0.8 s after it had shown the
+    head's culprit. Here the launcher judged the same hang on ranks 5 s newer."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED / "no_fault", run_dir)
+    hung = open_run_dir(str(RECORDED / "rank6_never_reached")).snapshot()
+    own = open_run_dir(str(run_dir)).snapshot()
+    judged_file.write(str(run_dir), replace(hung, taken_at=own.taken_at + 5.0), analyze(hung))
+    app = DiagApp(RunDirSource(str(run_dir)))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await until(pilot, lambda: "the ranks below are as of" in bar_text(app))
+        assert bar_text(app).startswith("rank 6 (pp 3/4, tp 0) never reached execute_model")
+        assert app.verdicts == [] and CULPRIT not in screen_text(app)   # the grid is its own
 
 
 @pytest.mark.anyio

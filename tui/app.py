@@ -100,6 +100,7 @@ class DiagApp(App):
         self.started_at = time.time()
         self.command = source.command()
         self.acting: tuple | None = None   # what decided the keys offered last
+        self.launchers = None      # diag launch's judgment (judged.json), while newer than ours
 
     def notify(self, message: str, **options) -> None:
         """Every notification: what it quotes of the run's files is escaped, and
@@ -154,16 +155,20 @@ class DiagApp(App):
 
     @work(thread=True, group="launcher", exit_on_error=False)
     def read_launcher_judgment(self):
-        """What diag launch concluded last, shown until this view's first read is
-        judged: at 16,384 ranks that read and judgment take seconds."""
+        """What diag launch concluded last, shown before this view's first read is
+        judged (at 16,384 ranks that takes seconds), and while its judgment is on
+        older ranks than the launcher's (a head writes its node files every 10 s)."""
         return self.source.launcher_judgment()
 
     @work(thread=True, group="poll", exit_on_error=False)
     def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
         judged = self.source.judged()
         snapshot, verdicts = as_shown(judged.snapshot), list(judged.verdicts)
+        launchers = self.source.launcher_judgment()
+        if launchers is not None and launchers.taken_at <= judged.snapshot.taken_at:
+            launchers = None                # this view's own judgment is as new
         log = read_log_tail(snapshot.run_dir, rank) if rank is not None else None
-        return snapshot, verdicts, log, read_output_tail(snapshot.run_dir)
+        return snapshot, verdicts, launchers, log, read_output_tail(snapshot.run_dir)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if not self.is_running:  # a poll that ends while the app shuts down
@@ -178,14 +183,14 @@ class DiagApp(App):
         if event.state != WorkerState.SUCCESS:
             return
         if worker.group == "poll":
-            snapshot, verdicts, self.log_tail, output = worker.result
+            snapshot, verdicts, self.launchers, self.log_tail, output = worker.result
             self.servers = addresses(output.lines, self.servers)
             self.query_one(OutputPane).tail = output
             self.verdicts = verdicts
             self.snapshot = snapshot
-        elif worker.group == "launcher" and worker.result is not None and self.snapshot is None:
-            self.query_one(VerdictBar).show_launchers(worker.result.verdicts,
-                                                      worker.result.taken_at)
+        elif worker.group == "launcher" and self.snapshot is None:
+            self.launchers = worker.result
+            self.show_verdict()
         elif worker.group == "log":
             self.log_tail = worker.result
             self.show_detail()
@@ -234,14 +239,22 @@ class DiagApp(App):
                 or culprit_named and not self.culprit_was_named):
             grid.selected = default_selection(model)  # jump to a culprit once it is named
         self.culprit_was_named = culprit_named
-        bar = self.query_one(VerdictBar)
-        bar.said_by, bar.verdicts = "", self.verdicts
+        self.show_verdict()
         status = status_text(self.snapshot, self.blocking, self.query_text, self.servers,
                              read_only=self.controller is None)
         if self.read_error:
             status += f" · reading the run dir failed: {self.read_error}"
         self.query_one("#status", Static).update(Text(shown(status)))
         self.show_detail()
+
+    def show_verdict(self) -> None:
+        """This view's verdicts, or diag launch's where they were made on newer ranks."""
+        bar, launchers, snapshot = self.query_one(VerdictBar), self.launchers, self.snapshot
+        if launchers is not None:
+            bar.show_launchers(launchers.verdicts, launchers.taken_at,
+                               None if snapshot is None else snapshot.taken_at)
+        else:
+            bar.said_by, bar.verdicts = "", self.verdicts
 
     @property
     def job_over(self) -> bool:

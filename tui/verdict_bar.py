@@ -13,6 +13,10 @@ from diagnose.core.vocab import Mention
 from diagnose.offline.report import summary_text
 
 
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+
+
 class VerdictBar(Widget):
     COMPONENT_CLASSES = {"verdict-bar--culprit", "verdict-bar--victim", "verdict-bar--ok",
                          "verdict-bar--source"}
@@ -20,10 +24,13 @@ class VerdictBar(Widget):
     verdicts: reactive[list[Verdict]] = reactive(list)
     said_by: reactive[str] = reactive("")   # whose verdicts, where not this view's
 
-    def show_launchers(self, verdicts: list[Verdict], taken_at: float) -> None:
-        self.said_by = (f"  · as diag launch judged it at "
-                        f"{time.strftime('%H:%M:%S UTC', time.gmtime(taken_at))}; "
-                        f"reading the run dir…")
+    def show_launchers(self, verdicts: list[Verdict], taken_at: float,
+                       ranks_as_of: float | None) -> None:
+        """diag launch's verdicts, said to be: made at taken_at, on newer ranks than
+        the grid's (as of ranks_as_of; None: none read yet)."""
+        shown = "reading the run dir…" if ranks_as_of is None else \
+            f"the ranks below are as of {_clock(ranks_as_of)}"
+        self.said_by = f"  · as diag launch judged it at {_clock(taken_at)}; {shown}"
         self.verdicts = verdicts
 
     def render(self) -> Text:

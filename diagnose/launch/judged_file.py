@@ -32,6 +32,24 @@ def write(run_dir: str, snapshot: Snapshot, verdicts: list[Verdict]) -> None:
     os.replace(path, os.path.join(run_dir, NAME))
 
 
+class Reader:
+    """judged.json read again only when it changed: the TUI asks at every poll."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.seen: tuple | None = None       # (size, mtime) of the file last read
+        self.last: LaunchJudgment | None = None
+
+    def read(self) -> LaunchJudgment | None:
+        try:
+            info = os.stat(os.path.join(self.run_dir, NAME))
+        except OSError:
+            return None
+        if (info.st_size, info.st_mtime_ns) != self.seen:
+            self.seen, self.last = (info.st_size, info.st_mtime_ns), read(self.run_dir)
+        return self.last
+
+
 def read(run_dir: str) -> LaunchJudgment | None:
     """The launcher's latest judgment; None where there is none or it cannot be
     read whole (the reader then judges for itself, as it would without it)."""

@@ -56,8 +56,8 @@ class Source:
         return Judged(snapshot, tuple(self.verdicts(snapshot)))
 
     def launcher_judgment(self) -> judged_file.LaunchJudgment | None:
-        """What diag launch last concluded, where it said so: for the TUI to show
-        until its own first judgment is made."""
+        """What diag launch last concluded, where it said so: the TUI shows it while
+        its own judgment is older (a head's node files lag what it holds)."""
         return None
 
     def request_dump(self) -> list[str]:
@@ -77,6 +77,7 @@ class RunDirSource(Source):
         self.collector = Collector(run_dir)
         self.first: Snapshot | None = None    # open_run's read, handed out once
         self.opened = False                   # a read has shown the run dir judgeable
+        self.judgments = judged_file.Reader(run_dir)
 
     @property
     def notes(self) -> list[str]:
@@ -105,7 +106,7 @@ class RunDirSource(Source):
                               f"{self.collector.refused[0]}")
 
     def launcher_judgment(self) -> judged_file.LaunchJudgment | None:
-        return judged_file.read(self.run_dir)
+        return self.judgments.read()
 
     def verdicts(self, snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Verdict]:
         return analyze(snapshot, thresholds)
