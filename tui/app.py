@@ -161,7 +161,9 @@ class DiagApp(App):
         return self.source.launcher_judgment()
 
     @work(thread=True, group="poll", exit_on_error=False)
-    def read_source(self, rank: int | None) -> tuple[Snapshot, list[Verdict], LogTail | None, LogTail]:
+    def read_source(self, rank: int | None) -> tuple:
+        """(snapshot, its verdicts, diag launch's judgment where newer, the selected
+        rank's log, the command's output)."""
         judged = self.source.judged()
         snapshot, verdicts = as_shown(judged.snapshot), list(judged.verdicts)
         launchers = self.source.launcher_judgment()

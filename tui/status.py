@@ -11,11 +11,16 @@ from diagnose.core.snapshot import Snapshot
 COMMAND_CHARS = 120     # of the command, on the first screen
 
 
+def clock(at: float) -> str:
+    """A time as the screen shows it: 04:37:07 UTC."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+
+
 def status_text(snapshot: Snapshot, blocking: set[int], query: str, servers: list[str],
                 read_only: bool) -> str:
     count = len(snapshot.ranks)
     parts = [snapshot.run_dir, *([f"{count} rank{'s' if count > 1 else ''}"] if count else []),
-             time.strftime("%H:%M:%S UTC", time.gmtime(snapshot.taken_at))]
+             clock(snapshot.taken_at)]
     driver = snapshot.driver.phase if snapshot.driver else None
     if driver:
         step = f" step {driver.step}" if driver.step is not None else ""

@@ -1,8 +1,6 @@
 """The verdict in one sentence: the culprit in red, the ranks waiting on it in yellow;
-diag launch's own, said so, until the view has judged its first read."""
+diag launch's, said so, while they were made on newer ranks than the view's."""
 from __future__ import annotations
-
-import time
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -11,10 +9,7 @@ from textual.widget import Widget
 from diagnose.core.snapshot import Verdict
 from diagnose.core.vocab import Mention
 from diagnose.offline.report import summary_text
-
-
-def _clock(at: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+from tui.status import clock
 
 
 class VerdictBar(Widget):
@@ -29,8 +24,8 @@ class VerdictBar(Widget):
         """diag launch's verdicts, said to be: made at taken_at, on newer ranks than
         the grid's (as of ranks_as_of; None: none read yet)."""
         shown = "reading the run dir…" if ranks_as_of is None else \
-            f"the ranks below are as of {_clock(ranks_as_of)}"
-        self.said_by = f"  · as diag launch judged it at {_clock(taken_at)}; {shown}"
+            f"the ranks below are as of {clock(ranks_as_of)}"
+        self.said_by = f"  · as diag launch judged it at {clock(taken_at)}; {shown}"
         self.verdicts = verdicts
 
     def render(self) -> Text:

@@ -71,9 +71,9 @@ def sample_wait(view: View, node: Node) -> float:
     TP peer in the same place, is a tie that only what they are doing breaks
     (who waits in the collective, who does not); until both have a sample to
     trust (settled: a dump that failed once, on a rank compiling, says nothing
-    yet), naming either is a guess. A rank last found busy
-    with no stack read (progress, see last_progress) waits for the next sample to
-    say whether it still is. Without sampling, positions decide at once."""
+    yet), naming either is a guess. A rank last found busy with no stack read
+    (progress, see last_progress) waits for the next sample to say whether it
+    still is. Without sampling, positions decide at once."""
     state = view.ranks.get(node) if isinstance(node, int) else None
     if not view.snapshot.sampling or state is None:
         return 0.0

@@ -69,7 +69,7 @@ def _run(exe: str, pid: int, native: bool, timeout: float,
     command = [exe, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
     command += extra or []
     attaches = "--nonblocking" not in command
-    for attempt in (1, 2):
+    for _ in range(2):
         if attaches:
             _wait_untraced(pid, min(timeout, TRACED_WAIT_S))
         try:
