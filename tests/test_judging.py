@@ -195,3 +195,32 @@ def test_a_head_judges_its_nodes_in_a_fork_and_names_the_culprit(tmp_path, monke
             agent.close()
         head.leave(None, 0.0, 130)
     assert none_left(head.judging) and head.judging.running is None
+
+
+@pytest.mark.unit
+def test_a_failed_judges_note_goes_to_the_heads_report(tmp_path, monkeypatch):
+    """The head's judge fails in its fork: the head judges that snapshot itself,
+    says so on stderr, and keeps the note for the report it writes (roles.Head.notes,
+    which Launcher.write_report takes)."""
+    monkeypatch.setattr(judging, "MIN_CORES", 1)
+    monkeypatch.setenv("DIAG_NODE_TOKEN", "judging-token")
+    head = Head(Thresholds(), f"127.0.0.1:{free_port()}", str(tmp_path), nnodes=2)
+    home = os.getpid()
+
+    def analysis(snapshot):
+        if os.getpid() != home:
+            raise RuntimeError("the judge fails")
+        return analyze(snapshot)
+    try:
+        head.judging.analyze = analysis
+        deadline = time.monotonic() + WAIT_S
+        found = Found()
+        while not found.verdicts and time.monotonic() < deadline:
+            found = head.judge(hung())
+            time.sleep(0.01)
+        assert found.verdicts[0].culprit_ranks == [13]
+        [note] = head.notes
+        assert note.startswith("the forked analysis failed (it ended with status")
+        assert head.judging.notes == []
+    finally:
+        head.leave(None, 0.0, 130)

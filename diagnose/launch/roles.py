@@ -33,6 +33,7 @@ class Solo:
 
     def __init__(self, thresholds: Thresholds):
         self.thresholds = thresholds
+        self.notes: list[str] = []       # what the role has to say in the report
 
     def judge(self, snapshot: Snapshot) -> Found:
         return Found(self.judge_verdicts(snapshot))
@@ -72,6 +73,7 @@ class Head(Solo):
                           judged=judged.snapshot if judged else None)
             for note in self.judging.notes:
                 print(f"diag: {note}", file=sys.stderr)
+            self.notes += self.judging.notes
             self.judging.notes.clear()
         self.hub.share_verdicts(found.verdicts)
         return found
@@ -104,6 +106,7 @@ class Agent:
     def __init__(self, head: str, node_rank: int, run_dir: str, ring_items: int | None):
         self.link = nodes.NodeAgent(head, nodes.token_from_env(), node_rank, ring_items)
         self.run_dir = run_dir
+        self.notes: list[str] = []
         self.dumps_done = 0                 # the head's dump requests carried out
         self.verdicts: list[Verdict] = []   # the head's latest
 
