@@ -44,7 +44,7 @@ from diagnose.launch.leftovers import SharedMemoryTracker
 from diagnose.launch.options import LaunchOptions, command_env, options_json
 from diagnose.launch.output import CommandOutput, to_stderr
 from diagnose.launch.roles import role_of
-from diagnose.launch.waiting import Waiting
+from diagnose.launch.waiting import Waiting, phase_names
 from diagnose.offline import report
 from diagnose.probe import marks, rank_env
 
@@ -168,7 +168,7 @@ class Launcher:
         snapshot.command_exit = self.proc.poll()
         if snapshot.command_exit is None:
             snapshot = self.states.seen(snapshot)
-        for line in self.waiting.lines(snapshot, _phase_names(snapshot)):
+        for line in self.waiting.lines(snapshot):
             self.output.say(line)
         if time.monotonic() >= self.next_shm_sample:
             self.shm.sample([process.pid for process in self._job()])
@@ -372,7 +372,7 @@ class Launcher:
     def write_report(self, dump: bool) -> dict:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
         notes = self.collector.notes + self.role.notes + marks.notes(
-            self.opts.marks, self.opts.run_dir, _phase_names(self.snapshot))
+            self.opts.marks, self.opts.run_dir, phase_names(self.snapshot))
         body = report.to_json(self.snapshot, self.verdicts, crash=self.crash)
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}
         if dump:
@@ -410,11 +410,6 @@ class Launcher:
     def _write_json(self, document: Document, body: dict) -> None:
         with open(os.path.join(self.opts.run_dir, str(document)), "w") as f:
             f.write(schema.as_json(schema.stamped(document, body)))
-
-
-def _phase_names(snapshot: Snapshot) -> set[str]:
-    states = list(snapshot.ranks.values()) + ([snapshot.driver] if snapshot.driver else [])
-    return {event.name for state in states for event in state.phases + state.open_phases}
 
 
 def _monitor(address: tuple[str, int]) -> Monitor:
