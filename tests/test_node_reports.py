@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from diagnose.core.schema import Document, stamped
 from diagnose.core.snapshot import Snapshot
-from diagnose.launch.nodes import NodeAgent, NodeFiles, NodeHub, merge
+from diagnose.launch.nodes import NodeAgent, NodeFiles, NodeHub, merge, node_text
 from helpers.run import free_port
 from helpers.synthetic import Job
 
@@ -74,3 +75,14 @@ def test_a_node_file_judges_its_node_as_of_when_the_head_wrote_it(tmp_path):
     nodes[0].report.saved_at = None          # as if it held no time of its writing
     merged = merge(Snapshot(taken_at=later, run_dir=str(tmp_path), ranks={}), nodes, [])
     assert [node.lost for node in merged.nodes] == [True]
+
+
+@pytest.mark.parametrize("ranks", [{}, {"0": {"phases": [["dequeue", 3, 1.5, None]], "host": "n\u00e9"},
+                                        "17": {"records": [], "error": {"message": "\"q\"\n"}}}])
+def test_a_node_file_encoded_rank_by_rank_reads_as_the_whole_body(ranks):
+    """node_text encodes a node's ranks one at a time (so that the head's other
+    threads run between them); the file is the same JSON document as the body
+    encoded at once."""
+    body = {"node_rank": 3, "host": "h", "saved_at": 12.5, "dropped": False, "seq": None}
+    text = node_text(body, ranks)
+    assert json.loads(text) == stamped(Document.NODE, body | {"ranks": ranks})
