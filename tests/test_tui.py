@@ -24,6 +24,7 @@ from helpers.tui_synthetic import (PP, SIZE, TP, RecordingController, SyntheticS
                                    rank6_never_reached, screen_text, settle, started, until)
 from diagnose.launch import judged_file
 from diagnose.launch.rundir import RunDirSource, open_run as open_run_dir
+import tui.app as tui_app
 from tui.app import POLL_INTERVAL_S, TYPING_REST_S, DiagApp
 from tui.log_files import read_log_tail
 from tui.grid_model import (CULPRIT, DEAD, ENDED, IDLE, RUNNING, WAITING, build_grid,
@@ -221,9 +222,9 @@ async def test_no_read_begins_while_keys_come_and_a_selection_reads_only_its_log
     began: list[tuple[float, float]] = []      # (when a read began, the app's last key then)
     read_source = app.read_source
 
-    def noted(rank):
+    def noted(rank, query):
         began.append((time.monotonic(), app.typed_at))
-        return read_source(rank)
+        return read_source(rank, query)
     app.read_source = noted
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
@@ -461,3 +462,26 @@ def test_bad_run_dir_is_one_line(tmp_path, make, says):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("diag: error: ")
     assert says in result.stderr
+
+
+@pytest.mark.anyio
+async def test_the_poll_makes_the_grid_off_the_ui_thread_and_a_new_filter_on_it(tmp_path, monkeypatch):
+    """At 16,384 ranks a grid takes a quarter of a second to make: each read's is
+    made by the reading thread and shown as it is; a filter typed since is made
+    for at once on the UI thread, and by the reads after it off that thread again."""
+    made: list[tuple[bool, str]] = []           # (on the UI thread, the filter)
+    build = tui_app.build_grid
+
+    def noted(snapshot, verdicts, query=""):
+        made.append((threading.current_thread() is threading.main_thread(), query))
+        return build(snapshot, verdicts, query)
+    monkeypatch.setattr(tui_app, "build_grid", noted)
+    app = DiagApp(SyntheticSource(rank6_never_reached(str(tmp_path))))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await until(pilot, lambda: len(made) >= 3)
+        assert made[:3] == [(False, "")] * 3
+        assert app.query_one(RankGrid).model == app.made[1]
+        await pilot.press("slash", "7", "enter")
+        await until(pilot, lambda: (True, "7") in made)
+        await until(pilot, lambda: made[-1] == (False, "7"), timeout=5 * TYPING_REST_S)

@@ -18,7 +18,7 @@ from textual.worker import Worker, WorkerState
 from diagnose.core.output import addresses
 from diagnose.core.shown import shown
 from diagnose.core.snapshot import Judged, Snapshot, Verdict
-from tui.grid_model import build_grid, default_selection
+from tui.grid_model import GridModel, build_grid, default_selection
 from tui.help_screen import HELP_KEYS, HelpScreen
 from tui.key_footer import KeyFooter
 from tui.log_files import LogTail, read_log_tail, read_output_tail
@@ -101,6 +101,7 @@ class DiagApp(App):
         self.command = source.command()
         self.acting: tuple | None = None   # what decided the keys offered last
         self.launchers = None      # diag launch's judgment (judged.json), while newer than ours
+        self.made: tuple[Snapshot, GridModel] | None = None   # the grid of a snapshot, and its filter
 
     def notify(self, message: str, **options) -> None:
         """Every notification: what it quotes of the run's files is escaped, and
@@ -151,7 +152,7 @@ class DiagApp(App):
         if not self.polling:
             self.polling = True
             self.poll_began = time.monotonic()
-            self.read_source(self.selected_rank)
+            self.read_source(self.selected_rank, self.query_text)
 
     @work(thread=True, group="launcher", exit_on_error=False)
     def read_launcher_judgment(self):
@@ -161,16 +162,19 @@ class DiagApp(App):
         return self.source.launcher_judgment()
 
     @work(thread=True, group="poll", exit_on_error=False)
-    def read_source(self, rank: int | None) -> tuple:
+    def read_source(self, rank: int | None, query: str) -> tuple:
         """(snapshot, its verdicts, diag launch's judgment where newer, the selected
-        rank's log, the command's output)."""
+        rank's log, the command's output, its grid under the filter `query`). The
+        grid is made here too: at 16,384 ranks it takes a quarter of a second, which
+        on the UI thread a key would wait for."""
         judged = self.source.judged()
         snapshot, verdicts = as_shown(judged.snapshot), list(judged.verdicts)
         launchers = self.source.launcher_judgment()
         if launchers is not None and launchers.taken_at <= judged.snapshot.taken_at:
             launchers = None                # this view's own judgment is as new
         log = read_log_tail(snapshot.run_dir, rank) if rank is not None else None
-        return snapshot, verdicts, launchers, log, read_output_tail(snapshot.run_dir)
+        return (snapshot, verdicts, launchers, log, read_output_tail(snapshot.run_dir),
+                build_grid(snapshot, verdicts, query))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if not self.is_running:  # a poll that ends while the app shuts down
@@ -185,7 +189,8 @@ class DiagApp(App):
         if event.state != WorkerState.SUCCESS:
             return
         if worker.group == "poll":
-            snapshot, verdicts, self.launchers, self.log_tail, output = worker.result
+            snapshot, verdicts, self.launchers, self.log_tail, output, grid = worker.result
+            self.made = (snapshot, grid)
             self.servers = addresses(output.lines, self.servers)
             self.query_one(OutputPane).tail = output
             self.verdicts = verdicts
@@ -232,7 +237,7 @@ class DiagApp(App):
     def show(self) -> None:
         if self.snapshot is None:
             return
-        model = build_grid(self.snapshot, self.verdicts, self.query_text)
+        model = self.grid_model()
         grid = self.query_one(RankGrid)
         grid.no_ranks = no_ranks_text(self.snapshot, self.started_at, self.command)
         grid.model = model
@@ -248,6 +253,15 @@ class DiagApp(App):
             status += f" · reading the run dir failed: {self.read_error}"
         self.query_one("#status", Static).update(Text(shown(status)))
         self.show_detail()
+
+    def grid_model(self) -> GridModel:
+        """The grid of this snapshot under this filter: the poll's, where it made
+        that one, else made here."""
+        made = self.made
+        if made is None or made[0] is not self.snapshot or made[1].query != self.query_text:
+            made = self.made = (self.snapshot, build_grid(self.snapshot, self.verdicts,
+                                                          self.query_text))
+        return made[1]
 
     def show_verdict(self) -> None:
         """This view's verdicts, or diag launch's where they were made on newer ranks."""
