@@ -607,9 +607,10 @@ class NodeAgent:
 
 def node_text(body: dict, ranks: dict[str, dict]) -> str:
     """A node file's JSON: the report's fields, and its ranks encoded one at a
-    time. One json.dumps of a node of 1,024 ranks (8 MB) holds the GIL for about
-    0.15 s; sixteen nodes due at once held the head's poll off for 2.4 s right
-    after a hang (#28). Between two ranks the head's other threads get their turn."""
+    time. One json.dumps of a node of 1,024 ranks (4 MB and more) holds the GIL for
+    about 0.1 s; sixteen nodes due at once held the head's poll off for 2.4 s
+    right after a hang (#28). Between two ranks the head's other threads get their
+    turn."""
     head = json.dumps(stamped(Document.NODE, body), default=str)
     encoded = ", ".join(f"{json.dumps(rank)}: {json.dumps(item, default=str)}"
                         for rank, item in ranks.items())
