@@ -2,6 +2,7 @@
 (tests/programs/), with faults the programs inject themselves (TOY_FAULT)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -67,12 +68,14 @@ def test_a_call_skipped_long_before_it_surfaces_is_placed_by_its_call_site(tmp_p
     verdict = body["verdicts"][0]
     assert (verdict["kind"], verdict["culprit_ranks"], verdict["seq"]) == (
         "collective_mismatch", [2], 39)
-    assert verdict["summary"].endswith("rank 2 made 39 all_reduce calls at "
-                                       "programs/toy_steps.py:42 train_step where ranks 0-1 "
-                                       "and 3 made 40")
+    # the mismatch is named as soon as rank 2's barrier meets a peer's all_reduce:
+    # rank 3, on a loaded machine, may not have reached that call yet
+    assert re.search(r"rank 2 made 39 all_reduce calls at programs/toy_steps\.py:42 train_step "
+                     r"where ranks 0-1( and 3)? made 40$", verdict["summary"]), verdict["summary"]
     counts = verdict["evidence"]["calls_per_site"]["counts"]
-    assert counts["all_reduce calls at programs/toy_steps.py:42 train_step"] == {
-        "0": 40, "1": 40, "2": 39, "3": 40}
+    made = counts["all_reduce calls at programs/toy_steps.py:42 train_step"]
+    assert made.pop("2") == 39 and {"0", "1"} <= set(made) <= {"0", "1", "3"}
+    assert set(made.values()) == {40}
     assert analyze_again(run_dir)[0] == ("collective_mismatch", [2])
 
 
