@@ -7,8 +7,8 @@ else waiting on it.
 
 A refresh is what the UI thread does per poll: update the widgets with the grid
 model the poll's thread made, lay out and render the whole screen (its CPU time,
-so that the frame pacing Pilot waits through is left out). A key is the same from the key press to
-the whole screen rendered, for the keys benchmarks/live_scale.py times in a
+so that the frame pacing Pilot waits through is left out). A key is the same
+from the key press to the whole screen rendered, for the keys benchmarks/live_scale.py times in a
 terminal (Enter: the detail and back; `/`: the filter opens; Enter: it closes),
 with the app's footer and with Textual's own (built again at every change of
 focus), rounds alternating. The analysis runs in the poll's worker thread, off
