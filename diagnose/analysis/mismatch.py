@@ -29,11 +29,17 @@ def mismatch_verdicts(view: View) -> list[Verdict]:
 
 
 def _malformed_calls(view: View) -> set[tuple[str, int, int]]:
-    """Only a source that records outputs (Flight Recorder) can have them."""
+    """Only a source that records outputs (Flight Recorder) can have them.
+    Whether a call is malformed depends only on what the view compares to tell
+    disagreeing members apart, so where they agree the first member answers
+    for all."""
     found = set()
     for key, records in view.calls.items():
         first = next(iter(records.values()))
-        if first.out_shapes is not None and any(map(malformed, records.values())):
+        if first.out_shapes is None:
+            continue
+        if malformed(first) if key not in view.disagreeing else any(map(malformed,
+                                                                         records.values())):
             found.add(key)
     return found
 

@@ -14,6 +14,7 @@ from diagnose.core.snapshot import RankState, Verdict
 from diagnose.core.vocab import Phase, VerdictKind
 
 ENQUEUED_AT = attrgetter("t_enqueue")
+STARTED_AT = attrgetter("start")
 
 
 def straggler_verdicts(view: View, thresholds: Thresholds) -> list[Verdict]:
@@ -57,7 +58,7 @@ def _own_step_times(state: RankState) -> dict[int, float]:
     collectives. Only steps that the rank's record ring fully covers count."""
     steps = sorted((event for event in state.phases if event.name == Phase.EXECUTE_MODEL
                     and event.end is not None and event.step is not None),
-                   key=lambda event: event.start)
+                   key=STARTED_AT)
     if not steps:
         return {}
     covered_from = min(map(ENQUEUED_AT, state.collectives), default=None)

@@ -17,7 +17,6 @@ hang, and a real hang on a loaded host is still named, at most that much later.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from diagnose.core.snapshot import Snapshot
@@ -89,11 +88,31 @@ def _longest_warm_durations(snapshot: Snapshot) -> dict[str, float]:
     if snapshot.driver is not None:
         processes.append(snapshot.driver)
     for state in processes:
-        by_name: dict[str, list[float]] = defaultdict(list)
-        for event in sorted(state.phases, key=lambda event: event.start):
-            if event.end is not None:
-                by_name[event.name].append(event.end - event.start)
-        for name, durations in by_name.items():
-            warm = durations if name in STARTUP_PHASES else durations[1:] or durations
-            longest[name] = max(longest.get(name, 0.0), max(warm))
+        for name, took in _warm_durations(state.phases).items():
+            longest[name] = max(longest.get(name, 0.0), took)
     return longest
+
+
+def _warm_durations(phases) -> dict[str, float]:
+    """One process's longest duration of each finished phase, its first instance
+    (the earliest started; of equal starts, the first listed) left out where the
+    phase repeats, except for start-up phases. One pass, no sort: this runs for
+    every rank at every judgment."""
+    first: dict[str, tuple[float, float]] = {}   # name -> (start, duration) of its first
+    later: dict[str, float] = {}                 # name -> the longest of the others
+    for event in phases:
+        if event.end is None:
+            continue
+        name, start, took = event.name, event.start, event.end - event.start
+        earliest = first.get(name)
+        if earliest is None:
+            first[name] = (start, took)
+            continue
+        if start < earliest[0]:
+            first[name], (start, took) = (start, took), earliest
+        best = later.get(name)
+        if best is None or took > best:
+            later[name] = took
+    return {name: (max(took, later.get(name, took)) if name in STARTUP_PHASES
+                   else later.get(name, took))
+            for name, (_, took) in first.items()}

@@ -10,6 +10,7 @@ from diagnose.core.snapshot import CollectiveRecord, RankState, Snapshot
 from diagnose.core.vocab import P2P_OPS, Phase
 
 DRIVER = "driver"                      # the driver's node in the wait-for graph
+_P2P_NAMES = frozenset(map(str, P2P_OPS))
 
 Node = int | str                       # a worker rank, or DRIVER
 
@@ -67,13 +68,17 @@ class View:
         joined, calls, highest_seq, p2p = self.joined, self.calls, self.highest_seq, self.p2p
         disagreeing = self.disagreeing
         waiting = None
+        top: dict[str, int] = {}            # group -> the rank's highest collective seq in it
         for record in records:
             group, seq, op = record.group, record.seq, record.op
-            if op in P2P_OPS:
+            if op in _P2P_NAMES:
                 key = (group, op, rank, record.peer)
-                p2p[(group, op, rank, record.peer, seq)] = record
+                p2p[(*key, seq)] = record
+                if highest_seq.get(key, -1) < seq:
+                    highest_seq[key] = seq
             else:
-                key = (group, rank)
+                if top.get(group, -1) < seq:
+                    top[group] = seq
                 members = joined.get((group, seq))
                 if members is None:
                     joined[(group, seq)] = {rank: record}
@@ -92,10 +97,11 @@ class View:
                                 or record.out_dtype != first.out_dtype):
                             disagreeing.add((group, seq, part))
                         members[rank] = record
-            highest = highest_seq.get(key, -1)
-            highest_seq[key] = seq if seq > highest else highest
             if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
                 waiting = record
+        for group, seq in top.items():
+            if highest_seq.get((group, rank), -1) < seq:
+                highest_seq[(group, rank)] = seq
         if waiting is not None and not held:
             self.pending[rank] = waiting
 
