@@ -126,6 +126,25 @@ def test_a_healthy_job_is_judged_half_the_time_and_news_is_judged_at_once():
 
 
 @pytest.mark.unit
+def test_no_judge_starts_while_a_large_report_comes_in_unless_held_up_too_long(monkeypatch):
+    monkeypatch.setattr(judging, "STALE_S", 0.5)
+    judge = Recorded(analyze)
+    snapshot = hung()
+    assert judge.judge(snapshot, 0, incoming=True) is None
+    assert judge.running is None                 # the poll's snapshot is about to be old
+    judged = finished(judge, snapshot, 1)        # the report in: judged at once
+    assert judged.verdicts[0].culprit_ranks == [13]
+    judge.close()                                # the next, started back to back, ended
+    judge.judge(snapshot, 1, incoming=True)      # and another large report coming in
+    assert judge.running is None
+    time.sleep(0.6)                              # reports that never stop coming:
+    judge.judge(snapshot, 1, incoming=True)      # held up past STALE_S, one starts anyway
+    assert judge.running is not None
+    judge.close()
+    assert none_left(judge)
+
+
+@pytest.mark.unit
 def test_a_judge_that_fails_is_made_up_for_here_with_a_note(monkeypatch):
     in_judge = {"pid": os.getpid()}
 

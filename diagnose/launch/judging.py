@@ -18,6 +18,11 @@ applying reports meanwhile. When to judge:
   already (reports that never stop coming cannot keep every judgment from
   finishing). For ALERT_S after news, judges run back to back: the stall that
   the rings show passes its limit soon.
+- While a large report is being read or applied, no judge starts: the
+  snapshot the poll has is about to be old news, and a fork then costs the
+  head's threads the pages they write (copy-on-write) and the cores they need
+  (at 16,384 ranks the judge started mid-way through the rings was ended
+  1.5 s later, unfinished). The wait ends with the report, or after STALE_S.
 - Otherwise a judge rests as long as the last judgment took before the next
   starts: at 16,384 ranks, healthy, the head judges half the time, not all of it.
 
@@ -88,9 +93,11 @@ class ForkedJudge:
         self.took = 0.0              # how long the last finished judgment took
         self.held_since: float | None = None  # a judge was first ended for newer reports
 
-    def judge(self, snapshot: Snapshot, generation: int) -> Judged | None:
+    def judge(self, snapshot: Snapshot, generation: int, incoming: bool = False
+              ) -> Judged | None:
         """The latest finished judgment (None before the first); starts or ends
-        judges as the module says. `generation`: the hub's large reports applied."""
+        judges as the module says. `generation`: the hub's large reports applied;
+        `incoming`: one is being read or applied now."""
         now = time.monotonic()
         if generation != self.generation:
             self.generation, self.alert_until = generation, now + ALERT_S
@@ -100,9 +107,18 @@ class ForkedJudge:
                 and now - (self.held_since or now) < STALE_S:
             self.held_since = self.held_since or now
             self._end(self.running)
-        if self.running is None and self._due(now, generation):
+        if self.running is None and self._due(now, generation) \
+                and not self._awaits(incoming, now):
             self.running = self.last = self._start(snapshot, generation)
         return self.done
+
+    def _awaits(self, incoming: bool, now: float) -> bool:
+        """Whether the next judge waits for the large report coming in: yes,
+        unless the judgments have been held up for STALE_S already."""
+        if not incoming:
+            return False
+        self.held_since = self.held_since or now
+        return now - self.held_since < STALE_S
 
     def _due(self, now: float, generation: int) -> bool:
         last = self.last
