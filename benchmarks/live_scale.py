@@ -16,6 +16,9 @@ culprit, and each key's latency (the key sent until the screen shows what it
 changed: until the output that changed it arrived, before pyte parses it in this process).
 Every process runs on this host: on a small machine the agents'
 work competes with the head's, and the table says the machine and its load.
+--head-cores N puts the head (with its workers, judges and the job's driver) and
+`diag tui` on N of the cores and the agents on the others, as on hosts of their
+own; by default all share every core.
 
     PYTHONPATH=. python benchmarks/live_scale.py --passes [--nodes 16] [--ranks-per-node 1024]
 
@@ -168,14 +171,19 @@ class TuiTimes:
     screens: list[tuple[float, str]]  # (seconds since start, its top lines) while opening
 
 
-def time_tui(run_dir: str, culprit_name: str) -> TuiTimes:
+def time_tui(run_dir: str, culprit_name: str, cpus: set[int] | None = None) -> TuiTimes:
     """`diag tui RUN_DIR` in a pty: the time until its screen names the culprit
     (diag launch's verdict, where it shows that first), then until its own view
     is up (the grid with the culprit's cell: before it, a key has no rank to
     act on), then each key of KEY_ROUNDS until the screen shows what it changed."""
     started = time.monotonic()
-    term = Terminal([sys.executable, "-m", "diagnose.cli", "tui", run_dir], env=dict(os.environ),
-                    columns=SCREEN[0], lines=SCREEN[1])
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus or mine)          # the TUI inherits them
+    try:
+        term = Terminal([sys.executable, "-m", "diagnose.cli", "tui", run_dir],
+                        env=dict(os.environ), columns=SCREEN[0], lines=SCREEN[1])
+    finally:
+        os.sched_setaffinity(0, mine)
     try:
         screens: list[tuple[float, str]] = []
         opened = _until(term, culprit_name, True, OPEN_WAIT_S, started, screens)
@@ -233,7 +241,9 @@ def run(args) -> dict:
                     culprit=culprit, kind=args.kind, t0=t0, step_s=args.step_s,
                     hang_step=math.ceil(args.healthy_s / args.step_s), history=args.history)
         load_before = os.getloadavg()
-        job = launch(plan, work, free_port(), ("--cpu-stretch", f"{args.cpu_stretch:g}"))
+        head_cpus, agent_cpus = _split_cpus(args.head_cores)
+        job = launch(plan, work, free_port(), ("--cpu-stretch", f"{args.cpu_stretch:g}"),
+                     head_cpus, agent_cpus)
         name = f"rank {culprit}"
         watch = HeadWatch(psutil.Process(job.head.pid), os.path.join(job.head_dir, "output.log"),
                           name)
@@ -243,7 +253,7 @@ def run(args) -> dict:
             deadline = plan.hang_at + args.verdict_wait_s
             while watch.verdict_at is None and time.time() < deadline and job.head.poll() is None:
                 time.sleep(SAMPLE_S)
-            tui = time_tui(job.head_dir, name)
+            tui = time_tui(job.head_dir, name, head_cpus)
             load_during = os.getloadavg()
         finally:
             watch.stopped = True
@@ -258,6 +268,7 @@ def run(args) -> dict:
         "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "ranks": world,
         "tp": args.tp, "pp": plan.pp, "culprit": culprit, "kind": args.kind,
         "step_s": args.step_s, "history": args.history, "cpu_stretch": args.cpu_stretch,
+        "head_cpus": sorted(head_cpus) if head_cpus else None,
         "head_cores_healthy": watch.cores(t0, plan.hang_at),
         "head_cores_to_verdict": watch.cores(plan.hang_at, watch.verdict_at or time.time()),
         "head_main_cores_healthy": watch.cores(t0, plan.hang_at, main_only=True),
@@ -273,6 +284,17 @@ def run(args) -> dict:
         "machine": machine(),
         "load_before": load_before, "load_during": load_during, "head_said": said, "outputs": outputs,
     }
+
+
+def _split_cpus(head_cores: int) -> tuple[set[int] | None, set[int] | None]:
+    """The head's CPUs and the agents' (None, None: all share every CPU)."""
+    if not head_cores:
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 < head_cores < len(cpus):
+        raise SystemExit(f"--head-cores {head_cores}: this host has {len(cpus)} CPUs; "
+                         f"give the head 1 to {len(cpus) - 1} of them")
+    return set(cpus[:head_cores]), set(cpus[head_cores:])
 
 
 def _median(values: list) -> float | None:
@@ -408,6 +430,9 @@ def main() -> None:
     parser.add_argument("--verdict-wait-s", type=float, default=60.0)
     parser.add_argument("--cpu-stretch", type=float, default=Thresholds.cpu_stretch,
                         help="the head's --cpu-stretch (default %(default)g, diag's; 1: off)")
+    parser.add_argument("--head-cores", type=int, default=0,
+                        help="the head and diag tui on this many cores, the agents on the "
+                             "others (default 0: all share every core)")
     parser.add_argument("--passes", action="store_true",
                         help="the CPU time of each pass, in this process (see above)")
     parser.add_argument("--json", help="default: benchmarks/results/live_scale.json "
@@ -421,7 +446,9 @@ def main() -> None:
     result = run(args)
     print(f"{result['ranks']} ranks: {result['nodes']} agents x {result['ranks_per_node']} "
           f"(tp={result['tp']} pp={result['pp']}), culprit rank {result['culprit']} "
-          f"({result['kind']}); {result['machine']}; load average "
+          f"({result['kind']}); {result['machine']}"
+          f"{'; the head on CPUs ' + str(result['head_cpus']) if result['head_cpus'] else ''}"
+          f"; load average "
           f"{result['load_before'][0]:.1f} before, {result['load_during'][0]:.1f} during")
     print(table(result))
     print(f"head's verdict: {result['verdict'] or 'none'}")

@@ -18,6 +18,7 @@ nodes agree on which step runs when without talking to each other.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -160,28 +161,31 @@ class LiveJob:
         return self.head.returncode
 
 
-def launch(plan: Plan, work: str, port: int, head_flags: tuple[str, ...] = ()) -> LiveJob:
+def launch(plan: Plan, work: str, port: int, head_flags: tuple[str, ...] = (),
+           head_cpus: set[int] | None = None, agent_cpus: set[int] | None = None) -> LiveJob:
     """The head (`diag launch` of the driver, run dir WORK/head) and plan.nodes agents
     on 127.0.0.1:port (run dirs WORK/node-R), their outputs in WORK/head.out and
-    WORK/node-R.out. The environment must hold DIAG_NODE_TOKEN."""
+    WORK/node-R.out; each on the given CPUs, if any (as on hosts of their own).
+    The environment must hold DIAG_NODE_TOKEN."""
     plan_path = os.path.join(work, "plan.json")
     plan.save(plan_path)
     head_dir, address = os.path.join(work, "head"), f"127.0.0.1:{port}"
     me = [sys.executable, "-m", "diagnose.offline.synth_live"]
     head = _spawn([sys.executable, "-m", "diagnose.cli", "launch", "--nnodes", str(plan.nodes + 1),
                    "--node-rank", "0", "--listen", address, "--run-dir", head_dir, *head_flags,
-                   "--", *me, "driver", "--plan", plan_path], work, "head")
+                   "--", *me, "driver", "--plan", plan_path], work, "head", head_cpus)
     agents = [_spawn([*me, "node", "--head", address, "--node-rank", str(node), "--plan",
                       plan_path, "--run-dir", os.path.join(work, f"node-{node}")],
-                     work, f"node-{node}")
+                     work, f"node-{node}", agent_cpus)
               for node in range(1, plan.nodes + 1)]
     return LiveJob(head, agents, head_dir)
 
 
-def _spawn(command: list[str], work: str, name: str) -> subprocess.Popen:
+def _spawn(command: list[str], work: str, name: str, cpus: set[int] | None) -> subprocess.Popen:
+    pinned = None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus)
     with open(os.path.join(work, f"{name}.out"), "w") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, preexec_fn=pinned)
 
 
 def run_node(plan: Plan, head: str, node_rank: int, run_dir: str) -> int:
