@@ -58,7 +58,8 @@ def test_our_engine_a_rank_raising_inside_execute_model_is_raised_with_its_excep
     assert verdict["evidence"]["error"]["frame"].startswith("worker/worker.py")   # the engine's
 
 
-SLEEPER = "import time\ndef wait_for_service():\n    time.sleep(600)\nwait_for_service()\n"
+SLEEPER = ("import time\ndef wait_for_service():\n    time.sleep(600)\n"
+           "print('READY', flush=True)\nwait_for_service()\n")
 COMPILER_PARENT = ("import subprocess, sys, time\n"
                    "g = subprocess.Popen(['g++', '-x', 'c++', '-c', '-', '-o', '/dev/null'],"
                    " stdin=subprocess.PIPE)\n"
