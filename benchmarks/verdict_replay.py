@@ -86,7 +86,7 @@ def replay(plan: Plan, made: dict, readers: int | None, way: str) -> dict:
 def _judged(judge: ForkedJudge | None, snapshot: Snapshot, hub: nodes.NodeHub) -> list:
     if judge is None:
         return analyze(snapshot)
-    judged = judge.judge(snapshot, hub.news, hub.large_taking > 0)
+    judged = judge.judge(snapshot, hub.news, hub.large_incoming)
     return list(judged.verdicts) if judged else []
 
 

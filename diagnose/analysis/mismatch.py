@@ -38,8 +38,8 @@ def _malformed_calls(view: View) -> set[tuple[str, int, int]]:
         first = next(iter(records.values()))
         if first.out_shapes is None:
             continue
-        if malformed(first) if key not in view.disagreeing else any(map(malformed,
-                                                                         records.values())):
+        members = records.values() if key in view.disagreeing else (first,)
+        if any(map(malformed, members)):
             found.add(key)
     return found
 

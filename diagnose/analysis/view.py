@@ -99,9 +99,8 @@ class View:
                         members[rank] = record
             if unfinished(record) and (waiting is None or record.t_enqueue < waiting.t_enqueue):
                 waiting = record
-        for group, seq in top.items():
-            if highest_seq.get((group, rank), -1) < seq:
-                highest_seq[(group, rank)] = seq
+        for group, seq in top.items():       # each rank is indexed once
+            highest_seq[(group, rank)] = seq
         if waiting is not None and not held:
             self.pending[rank] = waiting
 

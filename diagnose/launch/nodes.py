@@ -240,6 +240,11 @@ class NodeHub:
                 self.news = self.large_applied
         return known
 
+    @property
+    def large_incoming(self) -> bool:
+        """A report past WORKER_BYTES is being read or applied now."""
+        return self.large_taking > 0
+
     def _decode(self, data: bytes) -> tuple[dict, bool]:
         """The report, and whether a worker checked its items (`checked_rows`)."""
         if self.readers is None or len(data) <= WORKER_BYTES:

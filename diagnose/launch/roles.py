@@ -68,7 +68,7 @@ class Head(Solo):
         if self.judging is None or snapshot.command_exit is not None:
             found = super().judge(snapshot)
         else:
-            judged = self.judging.judge(snapshot, self.hub.news, self.hub.large_taking > 0)
+            judged = self.judging.judge(snapshot, self.hub.news, self.hub.large_incoming)
             found = Found(list(judged.verdicts) if judged else [],
                           judged=judged.snapshot if judged else None)
             for note in self.judging.notes:
