@@ -106,6 +106,15 @@ def test_an_authenticated_message_must_arrive_whole_in_time():
     assert 0.9 < time.monotonic() - started < 1.5
 
 
+def test_a_peer_that_exits_with_bytes_unread_reads_as_closed_not_reset():
+    a, b, _, _ = both_ends()
+    a.settle(), b.settle()
+    b.send({"unread": True})
+    a.sock.close()      # a socket closed with bytes unread resets its peer
+    with pytest.raises(EOFError, match="the connection closed"):
+        b.recv()
+
+
 def test_an_authenticated_message_over_the_limit_is_refused():
     a, b, _, _ = both_ends()
     a.settle(), b.settle()

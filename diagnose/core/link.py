@@ -183,7 +183,10 @@ class Link:
         view, got = memoryview(data), 0
         while got < size:
             self.sock.settimeout(self._left(deadline))
-            count = self.sock.recv_into(view[got:])
+            try:
+                count = self.sock.recv_into(view[got:])
+            except ConnectionResetError:
+                count = 0  # a peer that exits with bytes unread resets instead of closing
             if not count:
                 raise EOFError("the connection closed")
             got += count
