@@ -531,3 +531,34 @@ def test_a_busy_rank_whose_sample_failed_waits_for_its_next_sample_before_it_is_
     [verdict] = analyze(later)
     assert summary([verdict]) == [(VerdictKind.STUCK_IN_PHASE, [1], [0])]
     assert verdict.evidence["states"]["1"].startswith("busy, its stack unreadable (py-spy")
+
+
+def test_a_sample_that_fails_for_an_unforeseen_reason_says_why_once_and_sampling_goes_on(
+        tmp_path, monkeypatch):
+    """py-spy's known failures are notes of the sample; this forces one nobody
+    foresaw (a double of `sample`), which must reach the report, not the pool."""
+    import dataclasses
+    import socket
+    from diagnose.launch.states import RESAMPLE_S, StateSampler
+    job, _ = both_inside_step()
+    snapshot = job.snapshot()
+    for state in snapshot.ranks.values():
+        state.identity = dataclasses.replace(state.identity, host=socket.gethostname())
+    sampler = StateSampler(str(tmp_path))
+    calls = []
+
+    def unforeseen(rank, pid):
+        calls.append(rank)
+        raise KeyError("threads")
+
+    monkeypatch.setattr(sampler, "sample", unforeseen)
+    try:
+        for later in (0.0, RESAMPLE_S + 0.1):
+            sampler.update(dataclasses.replace(snapshot, taken_at=snapshot.taken_at + later))
+            sampler.quiet(5.0)
+    finally:
+        sampler.close()
+    assert sorted(calls) == [0, 0, 1, 1]          # sampled again after each failure
+    assert sorted(sampler.notes) == [f"the state sample of rank {rank} failed: KeyError: 'threads'"
+                                     for rank in (0, 1)]
+    assert not sampler.dumping()

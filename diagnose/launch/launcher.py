@@ -371,7 +371,7 @@ class Launcher:
 
     def write_report(self, dump: bool) -> dict:
         """The verdicts of the last poll, with every rank's stacks when dump is set."""
-        notes = self.collector.notes + self.role.notes + marks.notes(
+        notes = self.collector.notes + self.role.notes + self.states.notes + marks.notes(
             self.opts.marks, self.opts.run_dir, phase_names(self.snapshot))
         body = report.to_json(self.snapshot, self.verdicts, crash=self.crash)
         body["stacks"], body["py_spy"] = self._stacks(self.snapshot), {}

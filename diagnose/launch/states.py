@@ -37,6 +37,7 @@ RESAMPLE_S = 2.0       # and again this often while it stays still, at first; th
 MAX_RESAMPLE_S = 16.0  # doubles with each sample that finds it the same, up to this
 MAX_WORKERS = 8        # py-spy dumps at once
 DUMP_TIMEOUT_S = 10.0
+MAX_NOTES = 20         # distinct reasons a sample failed, kept for the report
 PAUSES_KEPT_S = 600.0  # diag's stops of ranks, kept this long for the analysis
 COMPILERS = frozenset({"cc", "cc1", "cc1plus", "c++", "gcc", "g++", "clang", "clang++", "ld",
                        "ld.lld", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink", "ninja"})
@@ -62,6 +63,7 @@ class StateSampler:
         self.python_only: dict[int, str] = {}             # pid -> why py-spy gives it no
                                                           # native frames
         self.pauses: list[Pause] = []                     # native dumps: each stops a rank
+        self.notes: list[str] = []                        # samples that failed, and why
 
     def seen(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot as the sampler leaves it for the analysis: samples due are
@@ -116,9 +118,18 @@ class StateSampler:
             self._space(rank, (state.identity.pid, sample.activity, sample.frame, sample.busy))
         except OSError:
             pass                       # the run dir went away: nothing to tell
+        except Exception as error:     # noqa: BLE001 - one failed sample must not end sampling
+            self._failed(rank, error)
         finally:
             with self.lock:
                 self.busy.discard(rank)
+
+    def _failed(self, rank: int, error: Exception) -> None:
+        """A sample that failed says why in the report, once for each reason."""
+        note = f"the state sample of rank {rank} failed: {type(error).__name__}: {error}"
+        with self.lock:
+            if note not in self.notes and len(self.notes) < MAX_NOTES:
+                self.notes.append(note)
 
     def _space(self, rank: int, finding: tuple) -> None:
         """The next sample of a rank that stays still comes later each time it finds
