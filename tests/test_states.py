@@ -116,6 +116,19 @@ def test_the_rank_table_shows_only_the_samples_the_analysis_trusts():
     assert doing == {0: "", 1: "collective"}
 
 
+def test_a_sample_that_took_long_to_read_is_shown_for_as_long_once_it_is_read():
+    """On a starved host a dump takes 10 s and more: the sample's news counts from
+    when it was read, or a compile would be shown for a moment, if at all."""
+    from diagnose.offline.report import SAMPLE_SHOWN_S
+    job, t = both_inside_step(stall_s=SAMPLE_SHOWN_S + 5.0)
+    for rank, read_s in ((0, SAMPLE_SHOWN_S - 1.0), (1, 2.0)):
+        sample(job, rank, Activity.COMPILING, COMPILING, t + 0.5, compiling_since=t + 0.5)
+        job.ranks[rank].activity.done_at = t + 0.5 + read_s
+    snapshot = job.snapshot()
+    doing = {row.rank: row.doing for row in rank_rows(snapshot, analyze(snapshot))}
+    assert doing == {0: f"compiling {SAMPLE_SHOWN_S + 4.5:.0f} s", 1: ""}
+
+
 def test_two_ranks_both_waiting_in_the_collective_name_no_single_culprit():
     job, t = both_inside_step()
     for rank in (0, 1):

@@ -103,7 +103,7 @@ class ActivitySample:
     """What a rank's main thread was doing when diag looked from outside (py-spy),
     classified by analysis.activity (state-R.json)."""
     activity: str                  # a vocab.Activity
-    taken_at: float
+    taken_at: float                # when the look began: what it found holds from then
     pid: int
     frame: str | None = None       # the frame that decided it
     rule: str | None = None        # the row of analysis.activity.ROWS (or "compile-child")
@@ -115,6 +115,8 @@ class ActivitySample:
     busy: bool = False             # its process used CPU since the sample before (2% of the
                                    # time at least): it computes, it is not blocked
     denied: bool = False           # ptrace was refused: no sample of it will read a stack
+    done_at: float | None = None   # when the look ended (None: at taken_at); on a loaded
+                                   # host a dump takes 10 s and more
 
     def text(self, now: float) -> str:
         """'compiling 42 s', 'collective', 'sleeping': for people."""

@@ -161,6 +161,7 @@ class StateSampler:
         seen = self.compile_seen.setdefault(rank, CompileSeen())
         seen.add(sample.activity, taken_at, sample.busy)
         sample.compiling_since, sample.compiled_at = seen.since, seen.at
+        sample.done_at = time.time()
         return sample
 
     def _native_dump(self, rank: int, pid: int):

@@ -25,8 +25,8 @@ CULPRIT_STYLE = "bold red"
 VICTIM_STYLE = "yellow"
 MENTION_STYLES = {Mention.CULPRIT: CULPRIT_STYLE, Mention.VICTIMS: VICTIM_STYLE}
 CUDA_ERROR_FRAMES = 4   # innermost frames shown beside each other for a CUDA error
-SAMPLE_SHOWN_S = 20.0   # a rank's last state sample is shown this long (diag launch
-                        # takes one every 2 to 16 s while the rank stays still)
+SAMPLE_SHOWN_S = 20.0   # a rank's last state sample is shown this long once it is read
+                        # (diag launch takes one every 2 to 16 s while the rank stays still)
 SCREEN_ROWS = 48        # a longer rank table shows the ranks nearest its culprits
 TELLING = (RankStatus.CULPRIT, RankStatus.DEAD)
 
@@ -63,9 +63,11 @@ def rank_rows(snapshot: Snapshot, verdicts: list[Verdict],
 
 def _doing(state: RankState, now: float) -> str:
     """What the rank's recent state sample says, where the analysis trusts it: of
-    this process, alive, and taken since the rank last made progress."""
+    this process, alive, and taken since the rank last made progress. Its age
+    counts from when it was read in full: on a starved host the dump alone can
+    take most of SAMPLE_SHOWN_S."""
     sample = state.activity
-    if not sampled(state) or now - sample.taken_at > SAMPLE_SHOWN_S:
+    if not sampled(state) or now - (sample.done_at or sample.taken_at) > SAMPLE_SHOWN_S:
         return ""
     return sample.text(now)
 
