@@ -141,10 +141,29 @@ class StateSampler:
             self.gap[rank] = (gap, finding)
 
     def sample(self, rank: int, pid: int) -> ActivitySample:
+        """A look at the rank's children first: one that compiles makes the rank
+        compiling whatever its stack says, so it is neither dumped nor paused (on
+        a starved host a dump takes 10-40 s, past many a compile). Else its dumps
+        (_dumped), and the children again after them."""
+        taken_at = time.time()
+        child = compiler_child(pid, self.worker_cpu)
+        sample = ActivitySample(Activity.COMPILING, taken_at, pid) if child \
+            else self._dumped(rank, pid, taken_at)
+        sample.note = sample.note or self.python_only.get(pid)
+        sample.busy = self._busy(pid, taken_at)
+        child = child or compiler_child(pid, self.worker_cpu)
+        if child is not None:
+            sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
+        seen = self.compile_seen.setdefault(rank, CompileSeen())
+        seen.add(sample.activity, taken_at, sample.busy)
+        sample.compiling_since, sample.compiled_at = seen.since, seen.at
+        sample.done_at = time.time()
+        return sample
+
+    def _dumped(self, rank: int, pid: int, taken_at: float) -> ActivitySample:
         """A Python-only dump first: it does not stop the rank and tells a collective
         called from Python, a compile or a wait for work; only where it finds the
         rank running its own code, a native one too (a C++ collective, a sleep)."""
-        taken_at = time.time()
         dump = py_spy_dump(pid, timeout=DUMP_TIMEOUT_S, nonblocking=True)
         sample = self._classified(pid, taken_at, dump, native=False)
         if sample.activity == Activity.RUNNING and pid not in self.python_only:
@@ -153,15 +172,6 @@ class StateSampler:
                 self.python_only[pid] = native.note   # later samples skip the native dump
             if native.threads is not None:
                 sample = self._classified(pid, taken_at, native, native=not native.note)
-        sample.note = sample.note or self.python_only.get(pid)
-        sample.busy = self._busy(pid, taken_at)
-        child = compiler_child(pid, self.worker_cpu)
-        if child is not None:
-            sample.activity, sample.rule, sample.frame = Activity.COMPILING, "compile-child", child
-        seen = self.compile_seen.setdefault(rank, CompileSeen())
-        seen.add(sample.activity, taken_at, sample.busy)
-        sample.compiling_since, sample.compiled_at = seen.since, seen.at
-        sample.done_at = time.time()
         return sample
 
     def _native_dump(self, rank: int, pid: int):
